@@ -1,0 +1,375 @@
+"""A Strands model provider that is token-in/token-out over any agentboost engine.
+
+The SDK deep-copies and normalises the message history before every model call, so the messages
+it passes cannot be re-rendered into the tokens the model produced. :class:`TokenModel` therefore
+keeps its own :class:`~agentboost.tokens.builder.TokenBuffer` for the rollout: it reads from the
+SDK's messages only what is new since its last turn (tool results, user turns), and hands the
+engine the exact ids. One TokenModel serves one rollout.
+
+Malformed tool calls are not repaired. They reach Strands as calls to an internal tool whose only
+job is to fail, so the model reads an error tool result that says what was wrong and the loop
+continues; the internal tool is never shown to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from strands import tool
+from strands.models.model import Model
+
+from agentboost.engines.base import Engine, SamplingParams
+from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.tokens.builder import TokenBuffer
+from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, split_reasoning
+from agentboost.tokens.templates import ChatTemplate, Message, tool_specs_to_openai
+from agentboost.tokens.trajectory import TerminationReason
+
+INVALID_CALL_TOOL = "agentboost_invalid_tool_call"
+
+
+class InvalidToolCall(AgentBoostError):
+    """Raised by the internal tool that answers malformed tool calls."""
+
+
+@tool(name=INVALID_CALL_TOOL)
+def invalid_tool_call(error: str) -> str:
+    """Internal: answers a malformed tool call with an error the model can read.
+
+    Args:
+        error: What was wrong with the call.
+    """
+    raise InvalidToolCall(error)
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """When a rollout stops. Every limit ends it at a message boundary with its own termination reason."""
+
+    max_turns: int = 32
+    """Model turns (generations). The last turn's tool calls still run."""
+    max_tool_calls: int | None = None
+    """Tool calls executed over the rollout; a turn that would exceed it runs none of its calls."""
+    max_total_tokens: int | None = None
+    """Context budget: prompt + everything appended. None: the engine's context length."""
+    max_new_tokens: int = 1024
+    """Generated tokens per turn."""
+    timeout_s: float | None = None
+    """Wall-clock budget for the whole rollout."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tool_calls", "max_total_tokens", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"RolloutLimits.{name} must be >= 1 (or None where allowed), got {value}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError(f"RolloutLimits.timeout_s must be > 0, got {self.timeout_s}")
+
+
+class RolloutStop(Exception):
+    """Raised inside the provider to end the rollout at a message boundary (not an error)."""
+
+    def __init__(self, reason: TerminationReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class _PendingCall:
+    tool_use_id: str
+    name: str
+    error: str | None = None
+    """Set for malformed calls: the error text the model will read."""
+
+
+def _text_of(content: Sequence[Mapping[str, Any]], role: str) -> str:
+    parts = []
+    for block in content:
+        if "text" in block:
+            parts.append(block["text"])
+        elif "json" in block:
+            parts.append(json.dumps(block["json"], ensure_ascii=False))
+        else:
+            kinds = sorted(block)
+            raise ConfigError(f"{role} content blocks of kind {kinds} are not supported; send text or json")
+    return "\n".join(parts)
+
+
+class TokenModel(Model):
+    """Token-exact Strands provider for one rollout. Read :attr:`buffer`, :attr:`messages` after it ran."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        template: ChatTemplate,
+        parser: ToolCallParser,
+        *,
+        sampling: SamplingParams,
+        limits: RolloutLimits,
+        stop_token_ids: Sequence[int],
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.template = template
+        self.parser = parser
+        self.sampling = sampling
+        self.limits = limits
+        self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids]))
+        self.buffer: TokenBuffer | None = None
+        self.messages: list[Message] = []
+        """The chat view of the rollout, for people and rewards."""
+        self.termination: TerminationReason | None = None
+        self.termination_detail: str | None = None
+        self.turns = 0
+        self.tool_calls = 0
+        self.parse_errors = 0
+        self.engine_s = 0.0
+        self._tool_schemas: dict[str, Any] = {}
+        self._consumed = 0
+        self._pending: list[_PendingCall] = []
+        self._seed = sampling.seed
+
+    # --- Strands Model interface ----------------------------------------------------------------
+
+    def update_config(self, **model_config: Any) -> None:
+        if "sampling" in model_config:
+            self.sampling = model_config["sampling"]
+
+    def get_config(self) -> dict[str, Any]:
+        return {"sampling": self.sampling, "template": self.template.name}
+
+    async def structured_output(
+        self, output_model: Any, prompt: Any, system_prompt: str | None = None, **kwargs: Any
+    ):  # type: ignore[override]
+        raise NotImplementedError("TokenModel does not support structured output; use tools instead")
+        yield  # pragma: no cover
+
+    async def stream(  # type: ignore[override]
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tool_specs: Sequence[Mapping[str, Any]] | None = None,
+        system_prompt: str | None = None,
+        *,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        if self.buffer is None:
+            self._start(messages, tool_specs or (), system_prompt)
+        else:
+            self._take_new_messages(messages)
+        buffer = self.buffer
+        assert buffer is not None
+        if self.turns >= self.limits.max_turns:
+            raise RolloutStop(TerminationReason.MAX_TURNS, f"{self.turns} turns ran (max_turns)")
+        room = self._room()
+        if room < 1:
+            raise RolloutStop(
+                TerminationReason.CONTEXT_FULL, f"{len(buffer.token_ids)} tokens leave no room in the context"
+            )
+        budget = min(self.limits.max_new_tokens, room)
+        seed = None if self._seed is None else self._seed + self.turns
+        sampling = replace(
+            self.sampling, max_new_tokens=budget, stop_token_ids=self.stop_token_ids, seed=seed
+        )
+
+        started = time.perf_counter()
+        generation = await self.engine.generate(buffer.token_ids, sampling)
+        elapsed = time.perf_counter() - started
+        self.engine_s += elapsed
+
+        ids = generation.token_ids
+        finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in self.stop_token_ids
+        text = buffer.decode(ids[:-1] if finished else ids)
+        reasoning, visible, unclosed = split_reasoning(text, starts_in_think=buffer.starts_in_think)
+        assistant: Message = {"role": "assistant", "content": visible}
+        if reasoning is not None:
+            assistant["reasoning_content"] = reasoning
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        if generation.finish_reason == "length":
+            clamped = budget < self.limits.max_new_tokens
+            self._stop(
+                TerminationReason.CONTEXT_FULL if clamped else TerminationReason.MAX_TOKENS,
+                f"the turn reached {len(ids)} new tokens without a stop token",
+            )
+        else:
+            parsed = self.parser.parse(visible, self._tool_schemas)
+            assistant["content"] = parsed.content
+            calls, errors = parsed.tool_calls, parsed.errors
+        if unclosed:
+            errors.append(ParseError("unclosed_think", "the turn ended inside <think> without </think>."))
+        self.parse_errors += len(errors)
+        buffer.append_generation(
+            ids,
+            generation.logprobs,
+            finish_reason=generation.finish_reason,
+            parse_errors=[error.kind for error in errors],
+        )
+        self.turns += 1
+        answerable = [error for error in errors if error.kind != "unclosed_think"]
+        if (
+            self.limits.max_tool_calls is not None
+            and self.tool_calls + len(calls) > self.limits.max_tool_calls
+        ):
+            self._stop(
+                TerminationReason.MAX_TOOL_CALLS,
+                f"the turn asked for {len(calls)} tool calls; "
+                f"{self.limits.max_tool_calls - self.tool_calls} of max_tool_calls were left",
+            )
+        if self.termination is not None:
+            calls, answerable = [], []
+        self._pending = [_PendingCall(f"call_{uuid.uuid4().hex[:12]}", call.name) for call in calls]
+        self._pending += [
+            _PendingCall(f"call_{uuid.uuid4().hex[:12]}", INVALID_CALL_TOOL, self._error_text(error))
+            for error in answerable
+        ]
+        self.tool_calls += len(calls)
+        if calls:
+            assistant["tool_calls"] = [
+                {
+                    "id": pending.tool_use_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for pending, call in zip(self._pending, calls, strict=False)
+            ]
+        assistant["raw"] = buffer.decode(ids)
+        self.messages.append(assistant)
+
+        for event in self._events(
+            reasoning, assistant["content"], calls, len(buffer.token_ids), len(ids), elapsed
+        ):
+            yield event
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _room(self) -> int:
+        assert self.buffer is not None
+        limits = [value for value in (self.limits.max_total_tokens, self.engine.context_length) if value]
+        return (min(limits) if limits else 1 << 62) - len(self.buffer.token_ids)
+
+    def _stop(self, reason: TerminationReason, detail: str) -> None:
+        if self.termination is None:
+            self.termination, self.termination_detail = reason, detail
+
+    @staticmethod
+    def _error_text(error: ParseError) -> str:
+        return f"Error: {error.message}"
+
+    def _start(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tool_specs: Sequence[Mapping[str, Any]],
+        system_prompt: str | None,
+    ) -> None:
+        specs = [spec for spec in tool_specs if spec["name"] != INVALID_CALL_TOOL]
+        tools = tool_specs_to_openai(specs)
+        self._tool_schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+        chat: list[Message] = []
+        if system_prompt:
+            chat.append({"role": "system", "content": system_prompt})
+        for message in messages:
+            if message["role"] != "user":
+                raise ConfigError(
+                    "a rollout must start with user messages only (a fresh agent with no history)"
+                )
+            chat.append({"role": "user", "content": _text_of(message["content"], "user")})
+        self.buffer = TokenBuffer(self.tokenizer, self.template, tools=tools)
+        self.buffer.start(chat)
+        self.messages = chat
+        self._consumed = len(messages)
+
+    def _take_new_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Append what arrived since our last turn: tool results (in our call order) and user text."""
+        assert self.buffer is not None
+        new: list[Message] = []
+        for message in messages[self._consumed :]:
+            if message["role"] == "assistant":
+                continue  # our own turn: its tokens are already in the buffer, verbatim
+            results = {}
+            text_blocks = []
+            for block in message["content"]:
+                if "toolResult" in block:
+                    results[block["toolResult"]["toolUseId"]] = block["toolResult"]
+                else:
+                    text_blocks.append(block)
+            for pending in self._pending:
+                if pending.tool_use_id not in results:
+                    continue
+                result = results.pop(pending.tool_use_id)
+                failed = pending.error is not None or result.get("status") == "error"
+                content = pending.error if pending.error is not None else _text_of(result["content"], "tool")
+                tool_message: Message = {
+                    "role": "tool",
+                    "tool_call_id": pending.tool_use_id,
+                    "name": None if pending.error is not None else pending.name,
+                    "content": content,
+                }
+                if failed:
+                    tool_message["error"] = True
+                new.append(tool_message)
+            if results:
+                raise ConfigError(f"tool results for unknown calls {sorted(results)}")
+            if text_blocks:
+                new.append({"role": "user", "content": _text_of(text_blocks, "user")})
+        self._consumed = len(messages)
+        self._pending = []
+        if new:
+            self.buffer.append_messages(new)
+            self.messages.extend(new)
+
+    def _events(
+        self,
+        reasoning: str | None,
+        content: str,
+        calls: Sequence[ToolCall],
+        context_tokens: int,
+        new_tokens: int,
+        elapsed: float,
+    ) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [{"messageStart": {"role": "assistant"}}]
+        if reasoning:
+            events.append({"contentBlockDelta": {"delta": {"reasoningContent": {"text": reasoning}}}})
+            events.append({"contentBlockStop": {}})
+        if content or not self._pending:
+            events.append({"contentBlockDelta": {"delta": {"text": content}}})
+            events.append({"contentBlockStop": {}})
+        # valid calls first, in generation order, then one internal call per malformed call
+        for index, pending in enumerate(self._pending):
+            payload = calls[index].arguments if index < len(calls) else {"error": pending.error}
+            events.append(
+                {
+                    "contentBlockStart": {
+                        "start": {"toolUse": {"toolUseId": pending.tool_use_id, "name": pending.name}}
+                    }
+                }
+            )
+            events.append(
+                {
+                    "contentBlockDelta": {
+                        "delta": {"toolUse": {"input": json.dumps(payload, ensure_ascii=False)}}
+                    }
+                }
+            )
+            events.append({"contentBlockStop": {}})
+        events.append({"messageStop": {"stopReason": "tool_use" if self._pending else "end_turn"}})
+        events.append(
+            {
+                "metadata": {
+                    "usage": {
+                        "inputTokens": context_tokens - new_tokens,
+                        "outputTokens": new_tokens,
+                        "totalTokens": context_tokens,
+                    },
+                    "metrics": {"latencyMs": int(elapsed * 1000)},
+                }
+            }
+        )
+        return events

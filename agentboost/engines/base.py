@@ -1,0 +1,95 @@
+"""The engine protocol: token ids in, token ids and their log-probabilities out.
+
+An engine knows nothing of chat, tools or Strands. Every engine (embedded, SGLang, vLLM, scripted)
+returns the same :class:`Generation`, so trajectories are exact whichever one served them.
+
+Log-probability convention (the trainer must use the same one):
+    ``logprobs[i] = log_softmax(logits_i / T)[token_ids[i]]`` where ``logits_i`` are the model's raw
+    logits at that step and ``T`` is the sampling temperature, taken *before* top-k / top-p
+    truncation. With ``temperature == 0`` (greedy) ``T`` counts as 1: the log-probability under the
+    untempered model. This is the distribution the sampler draws from when no truncation is set, so a
+    trainer that computes ``log_softmax(logits / T)`` over the same ids reproduces these numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from agentboost.errors import ConfigError
+
+FinishReason = Literal["stop", "length"]
+"""``stop``: a stop token was generated (it is the last id). ``length``: ``max_new_tokens`` ran out."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one generation."""
+
+    temperature: float = 1.0
+    """0 means greedy decoding; otherwise logits are divided by it before sampling."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it."""
+    max_new_tokens: int = 512
+    """Upper bound on generated tokens, stop token included."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these ids; the stop id is returned as the last token."""
+    seed: int | None = None
+    """Seeds this request's sampler, so a request gives the same tokens however it is batched."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """What an engine produced for one request."""
+
+    token_ids: list[int]
+    """Generated ids, the stop id included when ``finish_reason == "stop"``."""
+    logprobs: list[float]
+    """One log-probability per generated id (see the module docstring for the distribution)."""
+    finish_reason: FinishReason
+    prompt_tokens: int
+    """Length of the prompt the engine saw."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Engine-specific timings, e.g. ``queue_s``, ``prefill_s``, ``decode_s``."""
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Anything that turns prompt ids into a :class:`Generation`. Must be safe to await concurrently."""
+
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens (prompt + generated) one sequence may hold, or None if unknown."""
+        ...
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Generate a continuation of ``prompt_ids``. Raises :class:`~agentboost.errors.EngineError`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release threads, connections and memory. Idempotent."""
+        ...

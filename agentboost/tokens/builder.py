@@ -1,0 +1,167 @@
+"""Incremental token building: the prompt once, generated ids verbatim, then only the new messages.
+
+Why not re-render the whole conversation each turn? A re-rendering is not what the model produced:
+the SDK normalises messages, JSON gets re-serialised, and some templates drop earlier reasoning. So
+:class:`TokenBuffer` keeps the ids the engine returned and appends each new message (tool results,
+user turns) by rendering only the *delta*, checked on every append:
+
+1. The delta is rendered after an *anchor*: the rollout's real system prompt, tools and first user
+   message followed by an assistant turn holding a marker. Its text is whatever the template writes
+   after the marker: the end of the assistant turn, the new messages and the next generation prompt.
+2. Prefix-preservation: appending the new messages must not change how the anchor itself renders
+   (templates that drop earlier ``<think>`` content fail here). Otherwise: TemplateError.
+3. The end-of-turn text the model already generated (its stop token) is not appended twice.
+4. Token boundary: the delta's tokens must be what tokenizing the whole text would give, i.e. no
+   token straddles the boundary between the model's last token and the delta. Otherwise:
+   TemplateError.
+
+Cost per append is a render of the anchor plus the new messages and a tokenization of the delta:
+independent of how long the rollout already is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentboost.errors import TemplateError
+from agentboost.tokens.parsers import THINK_CLOSE, THINK_OPEN
+from agentboost.tokens.templates import ChatTemplate, Message
+from agentboost.tokens.trajectory import Segment
+
+_MARKER = "\u2063AGENTBOOST-TURN\u2063"
+_BOUNDARY_WINDOW = 8
+
+
+class TokenBuffer:
+    """The token sequence of one rollout: ids, loss mask, logprobs and segments, built turn by turn."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: ChatTemplate,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.tools = list(tools) if tools else None
+        self.token_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.segments: list[Segment] = []
+        self.turn = 0
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._added_ids = set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
+        self._anchor: list[Message] = []
+        self._anchor_prefix = ""
+        self.generation_prompt = ""
+        self.starts_in_think = False
+
+    # --- tokenizer access (the Rust backend directly: no Python wrapper overhead per call) -------
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # --- building -----------------------------------------------------------------------------
+
+    def start(self, messages: Sequence[Message]) -> list[int]:
+        """Render the first prompt (system, tools, first user message) with the generation prompt."""
+        if self.token_ids:
+            raise RuntimeError("TokenBuffer.start() called twice")
+        messages = list(messages)
+        text = self.template.render(messages, self.tools, add_generation_prompt=True)
+        without_prompt = self.template.render(messages, self.tools, add_generation_prompt=False)
+        if not text.startswith(without_prompt):
+            raise TemplateError(
+                self.template.name, messages[-1], "the generation prompt changes the prompt before it"
+            )
+        self.generation_prompt = text[len(without_prompt) :]
+        self.starts_in_think = self.generation_prompt.rfind(THINK_OPEN) > self.generation_prompt.rfind(
+            THINK_CLOSE
+        )
+        self._anchor = [*messages, {"role": "assistant", "content": _MARKER}]
+        anchor_text = self.template.render(self._anchor, self.tools, add_generation_prompt=False)
+        cut = anchor_text.find(_MARKER)
+        if cut < 0 or anchor_text.find(_MARKER, cut + 1) >= 0:
+            raise TemplateError(
+                self.template.name,
+                self._anchor[-1],
+                "the template must render assistant content exactly once",
+            )
+        self._anchor_prefix = anchor_text[: cut + len(_MARKER)]
+        ids = self.encode(text)
+        self._extend(ids, None, role="prompt")
+        return ids
+
+    def append_generation(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        *,
+        finish_reason: str | None,
+        parse_errors: Sequence[str] = (),
+    ) -> None:
+        """Append the model's own ids verbatim: loss mask 1, with their logprobs."""
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} generated ids but {len(logprobs)} logprobs")
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(float(value) for value in logprobs)
+        self.segments.append(
+            Segment("assistant", start, len(self.token_ids), self.turn, finish_reason, list(parse_errors))
+        )
+        self.turn += 1
+
+    def append_messages(self, messages: Sequence[Message]) -> list[int]:
+        """Append tool results or user turns after a generated turn, with the next generation prompt."""
+        if not self.segments or self.segments[-1].role != "assistant":
+            raise RuntimeError("new messages can only follow a generated assistant turn")
+        messages = list(messages)
+        rendered = self.template.render([*self._anchor, *messages], self.tools, add_generation_prompt=True)
+        if not rendered.startswith(self._anchor_prefix):
+            raise TemplateError(
+                self.template.name,
+                messages[0],
+                "rendering it changes how the earlier conversation renders (the template is not "
+                "prefix-preserving, e.g. it drops earlier <think> content); use an extension-safe "
+                "template such as agentboost's 'qwen3' or 'chatml'",
+            )
+        delta = rendered[len(self._anchor_prefix) :]
+        last = self.token_ids[-1]
+        if self.segments[-1].finish_reason == "stop":
+            stop_text = self.decode([last])
+            if stop_text and delta.startswith(stop_text):
+                delta = delta[len(stop_text) :]
+        ids = self.encode(delta)
+        if last not in self._added_ids:
+            self._check_boundary(ids, delta, messages[0])
+        role = "tool" if all(message.get("role") == "tool" for message in messages) else "user"
+        self._extend(ids, None, role=role)
+        return ids
+
+    def _check_boundary(self, delta_ids: list[int], delta: str, message: Message) -> None:
+        """Raise unless tokenizing (tail of what we have + delta) splits exactly at the boundary."""
+        tail = self.decode(self.token_ids[-_BOUNDARY_WINDOW:])
+        if self.encode(tail + delta) != self.encode(tail) + delta_ids:
+            raise TemplateError(
+                self.template.name,
+                message,
+                f"its first tokens would merge with the model's last tokens ({tail[-20:]!r} + "
+                f"{delta[:20]!r}); end the template's assistant turn with a special token",
+            )
+
+    def _extend(self, ids: Sequence[int], logprob: float | None, *, role: str) -> None:
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([logprob] * len(ids))
+        self.segments.append(Segment(role, start, len(self.token_ids), self.turn))

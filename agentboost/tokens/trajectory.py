@@ -1,0 +1,193 @@
+"""The Trajectory: one rollout's tokens, loss mask, log-probabilities and readable conversation.
+
+It is the one currency between layers: rewards, export, inspection, training batches and veRL
+outputs all read it; nothing downstream re-derives tokens from text.
+
+JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per rollout::
+
+    task_id        str
+    messages       the chat view a person reads: OpenAI-style messages (system, user, assistant with
+                   content / reasoning_content / tool_calls / raw, tool with tool_call_id / name /
+                   content / error)
+    token_ids      every token of the final sequence, prompt included
+    loss_mask      1 where the policy generated the token, else 0 (same length as token_ids)
+    logprobs       the engine's log-probability where loss_mask is 1, null elsewhere
+    segments       contiguous spans [start, end) of token_ids: role (prompt | assistant | tool |
+                   user | template), turn index, finish_reason and parse_errors for assistant spans
+    termination    {"reason": one of TerminationReason, "detail": str | null}
+    metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
+                   latency_s, engine_s
+    info           free-form: model, template, sampling, environment facts
+    reward         null, or the reward the environment gave (filled by environments)
+
+Floats round-trip exactly (Python writes the shortest repr), so save -> load is lossless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from agentboost.errors import ConfigError
+
+TRAJECTORY_FORMAT = "agentboost.trajectory"
+TRAJECTORY_VERSION = 1
+
+
+class TerminationReason(str, Enum):
+    """Why a rollout ended. Every rollout ends with exactly one."""
+
+    COMPLETED = "completed"
+    """The model answered without calling a tool."""
+    MAX_TURNS = "max_turns"
+    """``max_turns`` model turns ran; the last turn's tools ran too."""
+    MAX_TOOL_CALLS = "max_tool_calls"
+    """A turn asked for more tool calls than were left; none of that turn's calls ran."""
+    CONTEXT_FULL = "context_full"
+    """No room was left in the context (``max_total_tokens`` or the engine's window)."""
+    MAX_TOKENS = "max_tokens"
+    """A turn hit ``max_new_tokens`` before a stop token; its output is kept, its calls do not run."""
+    TIMEOUT = "timeout"
+    """The wall-clock ``timeout_s`` ran out; everything completed before it is kept."""
+    ENGINE_ERROR = "engine_error"
+    """The engine failed (after its own retries)."""
+    TEMPLATE_ERROR = "template_error"
+    """A message could not be appended without breaking token exactness."""
+    AGENT_ERROR = "agent_error"
+    """Anything else raised inside the agent (a bug, or a tool that crashed the loop)."""
+
+
+@dataclass
+class Segment:
+    role: str
+    start: int
+    end: int
+    turn: int
+    finish_reason: str | None = None
+    parse_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    messages: list[dict[str, Any]]
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None]
+    segments: list[Segment]
+    termination: TerminationReason
+    termination_detail: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    reward: float | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.task_id!r}: {n} token ids, {len(self.loss_mask)} mask entries and "
+                f"{len(self.logprobs)} logprobs; all three must have the same length"
+            )
+        self.termination = TerminationReason(self.termination)
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first generated token (the initial prompt)."""
+        for segment in self.segments:
+            if segment.role == "assistant":
+                return segment.start
+        return len(self.token_ids)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def final_text(self) -> str:
+        """The visible content of the last assistant message ('' if there is none)."""
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return message.get("content") or ""
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": TRAJECTORY_FORMAT,
+            "version": TRAJECTORY_VERSION,
+            "task_id": self.task_id,
+            "termination": {"reason": self.termination.value, "detail": self.termination_detail},
+            "reward": self.reward,
+            "metrics": self.metrics,
+            "info": self.info,
+            "messages": self.messages,
+            "segments": [asdict(segment) for segment in self.segments],
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        if data.get("format") != TRAJECTORY_FORMAT:
+            raise ConfigError(f"not an agentboost trajectory (format={data.get('format')!r})")
+        if data.get("version") != TRAJECTORY_VERSION:
+            raise ConfigError(
+                f"trajectory version {data.get('version')!r} is not supported (this agentboost reads "
+                f"version {TRAJECTORY_VERSION}); upgrade agentboost"
+            )
+        return cls(
+            task_id=data["task_id"],
+            messages=data["messages"],
+            token_ids=data["token_ids"],
+            loss_mask=data["loss_mask"],
+            logprobs=data["logprobs"],
+            segments=[Segment(**segment) for segment in data["segments"]],
+            termination=TerminationReason(data["termination"]["reason"]),
+            termination_detail=data["termination"].get("detail"),
+            metrics=data.get("metrics", {}),
+            info=data.get("info", {}),
+            reward=data.get("reward"),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Trajectory:
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trajectory:
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def write_jsonl(
+    path: str | os.PathLike[str], trajectories: Iterable[Trajectory], *, append: bool = False
+) -> int:
+    """Write one trajectory per line; returns how many were written."""
+    count = 0
+    with open(path, "a" if append else "w", encoding="utf-8") as handle:
+        for trajectory in trajectories:
+            handle.write(trajectory.to_json() + "\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    """Read trajectories written by :func:`write_jsonl`. A torn last line raises ConfigError naming it."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Trajectory.from_json(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"{path}:{number} is not a complete JSON line ({error.msg})") from error
