@@ -1,0 +1,145 @@
+"""Shared fixtures: a real Qwen3 vocabulary with our template, and tiny Qwen3-architecture models."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from strands import tool
+
+from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.rollout import run_agent
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.tokens.qwen import load_qwen3_tokenizer
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    return load_qwen3_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def im_end(qwen_tokenizer) -> int:
+    return qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+@pytest.fixture(scope="session")
+def say(qwen_tokenizer, im_end):
+    """Token ids of a scripted assistant turn: the text, then <|im_end|>."""
+
+    def encode(text: str, *, stop: bool = True) -> list[int]:
+        return qwen_tokenizer.encode(text, add_special_tokens=False) + ([im_end] if stop else [])
+
+    return encode
+
+
+def tiny_qwen3(seed: int = 0, hidden: int = 64):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=151669,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def random_qwen3():
+    return tiny_qwen3()
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a * b
+
+
+TOOL_SCRIPT = [
+    'I will add first.\n<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>',
+    '<tool_call>\n{"name": "multiply", "arguments": {"a": 42, "b": 2}}\n</tool_call>',
+    "The result is 84.\nAnswer: 84",
+]
+SYSTEM = "You are a careful calculator agent."
+QUESTION = "What is (12 + 30) * 2?"
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="session")
+def scripted_trajectory(qwen_tokenizer, say):
+    """The tool-calling conversation, produced by a scripted engine (exact ids, no model)."""
+    engine = ScriptedEngine([say(text) for text in TOOL_SCRIPT])
+    return run(
+        run_agent(
+            engine,
+            qwen_tokenizer,
+            QUESTION,
+            system_prompt=SYSTEM,
+            tools=[add, multiply],
+            template="qwen3",
+            limits=RolloutLimits(max_turns=8),
+        )
+    )
+
+
+@pytest.fixture(scope="session")
+def memorized_qwen3(scripted_trajectory, tmp_path_factory) -> Path:
+    """A tiny random Qwen3 trained until greedy decoding reproduces the scripted tool calls.
+
+    The loss covers only the assistant tokens, so the model really generates the calls during the
+    rollout tests: real sampling, real KV cache, real multi-turn tool use.
+    """
+    model = tiny_qwen3(seed=1, hidden=64)
+    ids = torch.tensor([scripted_trajectory.token_ids])
+    mask = torch.tensor(scripted_trajectory.loss_mask, dtype=torch.bool)
+    targets_at = mask[1:].nonzero().squeeze(1)  # predict token t+1 from position t
+    targets = ids[0, 1:][targets_at]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    margin = float("-inf")
+    for _ in range(400):
+        hidden = model.model(input_ids=ids).last_hidden_state[0, targets_at]
+        logits = model.lm_head(hidden)
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        # stop once every target wins by a clear logit margin, so float noise cannot flip greedy picks
+        target_logit = logits.gather(1, targets[:, None])[:, 0]
+        rival = logits.scatter(1, targets[:, None], float("-inf")).max(-1).values
+        margin = (target_logit - rival).min().item()
+        if margin > 1.0:
+            break
+    assert margin > 1.0, f"the tiny model did not memorise the script (margin {margin:.3f})"
+    model.eval()
+    directory = tmp_path_factory.mktemp("memorized-qwen3")
+    model.save_pretrained(directory)
+    return directory

@@ -1,0 +1,116 @@
+"""The embedded engine: batching that changes nothing, cancellation, limits, sampling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from conftest import SYSTEM, add, multiply, run
+from transformers import AutoModelForCausalLM
+
+from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.rollout import run_agent
+from agentboost.engines.base import SamplingParams
+from agentboost.engines.local import LocalEngine
+from agentboost.errors import ConfigError, ContextLengthError
+
+
+def test_64_concurrent_agents_match_one_by_one(memorized_qwen3, qwen_tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(memorized_qwen3, dtype=torch.float32)
+    questions = [f"What is ({i} + {2 * i}) * {i % 7 + 1}?" for i in range(64)]
+    limits = RolloutLimits(max_turns=3, max_new_tokens=24)
+
+    def one(engine, question):
+        return run_agent(
+            engine,
+            qwen_tokenizer,
+            question,
+            system_prompt=SYSTEM,
+            tools=[add, multiply],
+            template="qwen3",
+            sampling=SamplingParams(temperature=0),
+            limits=limits,
+        )
+
+    async def together():
+        engine = LocalEngine(model)
+        results = await asyncio.gather(*(one(engine, q) for q in questions))
+        await engine.aclose()
+        return results, engine.max_batch_seen
+
+    async def alone():
+        engine = LocalEngine(model, max_batch_size=1)
+        results = [await one(engine, q) for q in questions]
+        await engine.aclose()
+        return results
+
+    concurrent, widest = run(together())
+    sequential = run(alone())
+    assert widest >= 32  # they really ran batched
+    for a, b in zip(concurrent, sequential):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        pairs = [(x, y) for x, y in zip(a.logprobs, b.logprobs) if x is not None]
+        assert max(abs(x - y) for x, y in pairs) <= 1e-4
+
+
+def test_sampling_is_reproducible_per_seed_and_top_k_1_is_greedy(random_qwen3):
+    engine = LocalEngine(random_qwen3)
+    prompt = list(range(500, 540))
+
+    async def main():
+        greedy = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=12))
+        top1 = await engine.generate(
+            prompt, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=12, seed=1)
+        )
+        seeded = [
+            await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
+            for _ in range(2)
+        ]
+        other = await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=6))
+        await engine.aclose()
+        return greedy, top1, seeded, other
+
+    greedy, top1, seeded, other = run(main())
+    assert top1.token_ids == greedy.token_ids
+    assert seeded[0].token_ids == seeded[1].token_ids != other.token_ids
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
+
+
+def test_stop_ids_context_and_cancellation(random_qwen3):
+    engine = LocalEngine(random_qwen3, context_length=64)
+    prompt = list(range(1000, 1040))
+
+    async def main():
+        first = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=5))
+        stop = first.token_ids[2]
+        stopped = await engine.generate(
+            prompt, SamplingParams(temperature=0, max_new_tokens=5, stop_token_ids=(stop,))
+        )
+        capped = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=100))
+        with pytest.raises(ContextLengthError):
+            await engine.generate(list(range(64)), SamplingParams())
+        slow = asyncio.ensure_future(
+            engine.generate(prompt[:10], SamplingParams(temperature=0, max_new_tokens=50))
+        )
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        after = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=5))
+        await engine.aclose()
+        return first, stopped, capped, after, stop
+
+    first, stopped, capped, after, stop = run(main())
+    assert (
+        stopped.finish_reason == "stop"
+        and stopped.token_ids == first.token_ids[: first.token_ids.index(stop) + 1]
+    )
+    assert capped.finish_reason == "length" and len(prompt) + len(capped.token_ids) == 64
+    assert after.token_ids == first.token_ids  # a cancelled request leaves the engine healthy
+
+
+def test_sampling_params_are_validated():
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_new_tokens": 0}):
+        with pytest.raises(ConfigError):
+            SamplingParams(**bad)

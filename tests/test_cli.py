@@ -1,0 +1,50 @@
+"""`agentboost` as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from agentboost.tokens.trajectory import read_jsonl
+
+
+def agentboost(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "agentboost.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_rollout_writes_trajectories_and_a_summary(memorized_qwen3, qwen_tokenizer, tmp_path):
+    qwen_tokenizer.save_pretrained(memorized_qwen3)  # a model directory carries its tokenizer
+    out = tmp_path / "runs" / "out.jsonl"
+    result = agentboost(
+        "rollout",
+        "--model",
+        str(memorized_qwen3),
+        "-n",
+        "3",
+        "--max-new-tokens",
+        "16",
+        "--max-turns",
+        "2",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("3 rollouts of arithmetic: mean reward") and str(out) in summary
+    trajectories = list(read_jsonl(out))
+    assert sorted(t.task_id for t in trajectories) == ["arith-d1-s0-0", "arith-d1-s0-1", "arith-d1-s0-2"]
+    assert all(t.reward in (0.0, 1.0) and t.generated_tokens > 0 for t in trajectories)
+    assert all(json.loads(line)["format"] == "agentboost.trajectory" for line in out.read_text().splitlines())
+    shown = agentboost("show", str(out), cwd=tmp_path)
+    assert shown.returncode == 0 and '"role": "user"' in shown.stdout
+
+
+def test_bad_arguments_end_with_a_clear_error(tmp_path):
+    result = agentboost("rollout", "--engine", "sglang", cwd=tmp_path)
+    assert result.returncode == 2 and "needs the server's address: --url" in result.stderr
+    result = agentboost("rollout", "--env", "chess", cwd=tmp_path)
+    assert result.returncode == 2 and "unknown environment 'chess'" in result.stderr
