@@ -74,7 +74,7 @@ def check_exactness(model, engine, trajectory, temperature):
         generated_positions.extend(range(assistant.start, assistant.end))
         assert assistant.end <= len(following)
     assert [i for i, bit in enumerate(mask) if bit] == generated_positions
-    assert all((value is None) == (bit == 0) for value, bit in zip(logprobs, mask))
+    assert all((value is None) == (bit == 0) for value, bit in zip(logprobs, mask, strict=False))
     # rollout logprobs equal a teacher-forced forward pass at the masked positions
     reference = teacher_forced_logprobs(model, ids, temperature)
     gaps = [abs(logprobs[i] - float(reference[i - 1])) for i in generated_positions]

@@ -48,9 +48,9 @@ def test_64_concurrent_agents_match_one_by_one(memorized_qwen3, qwen_tokenizer):
     concurrent, widest = run(together())
     sequential = run(alone())
     assert widest >= 32  # they really ran batched
-    for a, b in zip(concurrent, sequential):
+    for a, b in zip(concurrent, sequential, strict=False):
         assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
-        pairs = [(x, y) for x, y in zip(a.logprobs, b.logprobs) if x is not None]
+        pairs = [(x, y) for x, y in zip(a.logprobs, b.logprobs, strict=False) if x is not None]
         assert max(abs(x - y) for x, y in pairs) <= 1e-4
 
 
