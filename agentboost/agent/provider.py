@@ -195,7 +195,7 @@ class TokenModel(Model):
         errors: list[ParseError] = []
         if generation.finish_reason == "length":
             clamped = budget < self.limits.max_new_tokens
-            self._stop(
+            self.record_termination(
                 TerminationReason.CONTEXT_FULL if clamped else TerminationReason.MAX_TOKENS,
                 f"the turn reached {len(ids)} new tokens without a stop token",
             )
@@ -218,7 +218,7 @@ class TokenModel(Model):
             self.limits.max_tool_calls is not None
             and self.tool_calls + len(calls) > self.limits.max_tool_calls
         ):
-            self._stop(
+            self.record_termination(
                 TerminationReason.MAX_TOOL_CALLS,
                 f"the turn asked for {len(calls)} tool calls; "
                 f"{self.limits.max_tool_calls - self.tool_calls} of max_tool_calls were left",
@@ -255,7 +255,8 @@ class TokenModel(Model):
         limits = [value for value in (self.limits.max_total_tokens, self.engine.context_length) if value]
         return (min(limits) if limits else 1 << 62) - len(self.buffer.token_ids)
 
-    def _stop(self, reason: TerminationReason, detail: str) -> None:
+    def record_termination(self, reason: TerminationReason, detail: str) -> None:
+        """Remember why the rollout ends; the first reason recorded wins."""
         if self.termination is None:
             self.termination, self.termination_detail = reason, detail
 

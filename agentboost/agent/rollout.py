@@ -10,6 +10,7 @@ continues from the same history.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,12 +28,22 @@ from agentboost.tokens.trajectory import TerminationReason, Trajectory
 _TURNS_PER_INVOCATION = 100
 
 
+class _QuietRolloutStops(logging.Filter):
+    """A limit ending a rollout is not an SDK failure: keep the SDK from logging it as one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RolloutStop" not in record.getMessage()
+
+
+logging.getLogger("strands.event_loop.event_loop").addFilter(_QuietRolloutStops())
+
+
 def stop_token_ids(tokenizer: Any) -> list[int]:
     """End-of-turn ids for a ChatML-style tokenizer: ``<|im_end|>`` and the EOS token."""
     ids = []
-    vocab = tokenizer.get_vocab()
-    if "<|im_end|>" in vocab:
-        ids.append(vocab["<|im_end|>"])
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if im_end is not None and im_end != tokenizer.unk_token_id:
+        ids.append(im_end)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
@@ -97,7 +108,12 @@ async def run_agent(
     async def drive() -> None:
         next_prompt: str | None = prompt
         while True:
-            result = await agent.invoke_async(next_prompt, limits={"turns": _TURNS_PER_INVOCATION})
+            remaining = limits.max_turns - model.turns
+            if remaining <= 0:
+                model.record_termination(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
+                return
+            turns = min(_TURNS_PER_INVOCATION, remaining)
+            result = await agent.invoke_async(next_prompt, limits={"turns": turns})
             next_prompt = None
             if result.stop_reason != "limit_turns":
                 return

@@ -5,9 +5,12 @@ the SDK normalises messages, JSON gets re-serialised, and some templates drop ea
 :class:`TokenBuffer` keeps the ids the engine returned and appends each new message (tool results,
 user turns) by rendering only the *delta*, checked on every append:
 
-1. The delta is rendered after an *anchor*: the rollout's real system prompt, tools and first user
-   message followed by an assistant turn holding a marker. Its text is whatever the template writes
-   after the marker: the end of the assistant turn, the new messages and the next generation prompt.
+1. The delta is rendered after an *anchor*: a user message and an assistant turn holding a marker.
+   Its text is whatever the template writes after the marker: the end of the assistant turn, the
+   new messages and the next generation prompt. The first time a rollout appends messages of a
+   given shape (e.g. two tool results), the delta is also rendered after the rollout's real system
+   prompt, tools and first user message; if the two differ, that rollout uses the real one from
+   then on, so a template whose deltas depend on them is still rendered exactly.
 2. Prefix-preservation: appending the new messages must not change how the anchor itself renders
    (templates that drop earlier ``<think>`` content fail here). Otherwise: TemplateError.
 3. The end-of-turn text the model already generated (its stop token) is not appended twice.
@@ -15,8 +18,8 @@ user turns) by rendering only the *delta*, checked on every append:
    token straddles the boundary between the model's last token and the delta. Otherwise:
    TemplateError.
 
-Cost per append is a render of the anchor plus the new messages and a tokenization of the delta:
-independent of how long the rollout already is.
+Cost per append is a render of a short anchor plus the new messages and a tokenization of the
+delta: independent of how long the rollout already is.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ class TokenBuffer:
         self._added_ids = set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
         self._anchor: list[Message] = []
         self._anchor_prefix = ""
+        self._fast_anchor: list[Message] = [
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "content": _MARKER},
+        ]
+        self._fast_prefix = ""
+        self._checked_shapes: set[tuple[str, ...]] = set()
+        self._faithful_only = False
         self.generation_prompt = ""
         self.starts_in_think = False
 
@@ -126,16 +136,16 @@ class TokenBuffer:
         if not self.segments or self.segments[-1].role != "assistant":
             raise RuntimeError("new messages can only follow a generated assistant turn")
         messages = list(messages)
-        rendered = self.template.render([*self._anchor, *messages], self.tools, add_generation_prompt=True)
-        if not rendered.startswith(self._anchor_prefix):
-            raise TemplateError(
-                self.template.name,
-                messages[0],
-                "rendering it changes how the earlier conversation renders (the template is not "
-                "prefix-preserving, e.g. it drops earlier <think> content); use an extension-safe "
-                "template such as agentboost's 'qwen3' or 'chatml'",
-            )
-        delta = rendered[len(self._anchor_prefix) :]
+        shape = tuple(message.get("role", "") for message in messages)
+        if self._faithful_only:
+            delta = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
+        else:
+            delta = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
+            if shape not in self._checked_shapes:
+                self._checked_shapes.add(shape)
+                faithful = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
+                if faithful != delta:
+                    self._faithful_only, delta = True, faithful
         last = self.token_ids[-1]
         if self.segments[-1].finish_reason == "stop":
             stop_text = self.decode([last])
@@ -147,6 +157,29 @@ class TokenBuffer:
         role = "tool" if all(message.get("role") == "tool" for message in messages) else "user"
         self._extend(ids, None, role=role)
         return ids
+
+    def _prefix_through_marker(self, anchor: list[Message], tools: list[Any] | None) -> str:
+        text = self.template.render(anchor, tools, add_generation_prompt=False)
+        cut = text.find(_MARKER)
+        if cut < 0 or text.find(_MARKER, cut + 1) >= 0:
+            raise TemplateError(
+                self.template.name, anchor[-1], "the template must render assistant content once"
+            )
+        return text[: cut + len(_MARKER)]
+
+    def _render_delta(
+        self, anchor: list[Message], prefix: str, tools: list[Any] | None, messages: list[Message]
+    ) -> str:
+        rendered = self.template.render([*anchor, *messages], tools, add_generation_prompt=True)
+        if not rendered.startswith(prefix):
+            raise TemplateError(
+                self.template.name,
+                messages[0],
+                "rendering it changes how the earlier conversation renders (the template is not "
+                "prefix-preserving, e.g. it drops earlier <think> content); use an extension-safe "
+                "template such as agentboost's 'qwen3' or 'chatml'",
+            )
+        return rendered[len(prefix) :]
 
     def _check_boundary(self, delta_ids: list[int], delta: str, message: Message) -> None:
         """Raise unless tokenizing (tail of what we have + delta) splits exactly at the boundary."""

@@ -40,6 +40,11 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+@lru_cache(maxsize=64)
+def _compile(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
 @dataclass
 class ChatTemplate:
     """A compiled Jinja chat template with default variables (e.g. ``thinking``)."""
@@ -50,7 +55,7 @@ class ChatTemplate:
 
     def __post_init__(self) -> None:
         try:
-            self._compiled = _environment().from_string(self.source)
+            self._compiled = _compile(self.source)
         except jinja2.TemplateSyntaxError as error:
             raise ConfigError(f"chat template {self.name!r} does not compile: {error}") from error
 
@@ -109,11 +114,15 @@ def template_for(tokenizer: Any, name: str | None = None, **defaults: Any) -> Ch
     """
     if name in _BUILTIN_DEFAULTS:
         return get_template(name, **defaults)
-    vocab = tokenizer.get_vocab()
+
+    def has(token: str) -> bool:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        return token_id is not None and token_id != tokenizer.unk_token_id
+
     if name is None:
-        if {"<think>", "<tool_call>", "<|im_start|>"} <= vocab.keys():
+        if has("<think>") and has("<tool_call>") and has("<|im_start|>"):
             return get_template("qwen3", **defaults)
-        if "<|im_start|>" in vocab:
+        if has("<|im_start|>"):
             return get_template("chatml", **defaults)
         name = "tokenizer"
     if name == "tokenizer":

@@ -1,0 +1,107 @@
+"""Per model call CPU time spent outside generation: the Strands SDK's share and agentboost's own.
+
+A zero-latency scripted engine always answers with one tool call, so a rollout of N turns is N model
+calls and N tool calls with no generation cost. Our share is the time inside TokenModel.stream
+(reading new messages, rendering and tokenizing the delta, decoding and parsing the turn, building
+events) minus the engine's own time; the SDK's share is everything else per call (its history
+copies and normalisation, tool execution machinery, event loop).
+
+    python benchmarks/bench_provider_overhead.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from strands import tool
+
+from agentboost.agent import provider as provider_module
+from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.rollout import run_agent
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.tokens.qwen import load_qwen3_tokenizer
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+_ours = 0.0
+_original_stream = provider_module.TokenModel.stream
+
+
+async def _timed_stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """Time our own code: every resumption of TokenModel.stream, minus the engine's time inside it."""
+    global _ours
+    engine_before = self.engine_s
+    stream = _original_stream(self, *args, **kwargs)
+    while True:
+        started = time.perf_counter()
+        try:
+            event = await stream.__anext__()
+        except StopAsyncIteration:
+            _ours += time.perf_counter() - started
+            break
+        _ours += time.perf_counter() - started
+        yield event
+    _ours -= self.engine_s - engine_before
+
+
+def measure(tokenizer, turns: int) -> tuple[float, float]:
+    global _ours
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    ids = tokenizer.encode(call, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    engine = ScriptedEngine([ids], cycle=True)
+    _ours = 0.0
+    started = time.perf_counter()
+    trajectory = asyncio.run(
+        run_agent(
+            engine,
+            tokenizer,
+            "What is 1 + 2?",
+            system_prompt="Use the tool.",
+            tools=[add],
+            template="qwen3",
+            limits=RolloutLimits(max_turns=turns),
+        )
+    )
+    total = time.perf_counter() - started
+    assert trajectory.metrics["turns"] == turns, trajectory.termination
+    ours = _ours
+    sdk = total - ours - trajectory.metrics["engine_s"]
+    return ours / turns * 1e3, sdk / turns * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    provider_module.TokenModel.stream = _timed_stream  # type: ignore[method-assign]
+    tokenizer = load_qwen3_tokenizer()
+    measure(tokenizer, 5)  # warm-up: imports, template compilation
+    rows = {}
+    print(f"{'turns':>6} {'ours ms/call':>13} {'strands ms/call':>16}")
+    for turns in (10, 50, 150):
+        samples = [measure(tokenizer, turns) for _ in range(args.repeats)]
+        ours = statistics.median(s[0] for s in samples)
+        sdk = statistics.median(s[1] for s in samples)
+        rows[turns] = ours
+        print(f"{turns:>6} {ours:>13.3f} {sdk:>16.3f}")
+    print(
+        f"ours, 150-turn / 10-turn: {rows[150] / rows[10]:.2f} (goal <= 1.5); "
+        f"ours at 150 turns: {rows[150]:.3f} ms (goal <= 0.3)"
+    )
+
+
+if __name__ == "__main__":
+    main()
