@@ -87,7 +87,7 @@ class EngineResponseError(RemoteEngineError):
 
 
 class EngineRequestError(RemoteEngineError):
-    """The server rejected the request (HTTP 4xx other than 429). Not retried: the same request fails again."""
+    """The server rejected the request (HTTP 4xx other than 429). Not retried: it would fail again."""
 
 
 class EngineRateLimitedError(EngineOverloadedError, RemoteEngineError):

@@ -60,7 +60,7 @@ async def _timed_stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
 def measure(tokenizer, turns: int) -> tuple[float, float]:
     global _ours
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    ids = tokenizer.encode(call, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids = [*tokenizer.encode(call, add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
     engine = ScriptedEngine([ids], cycle=True)
     _ours = 0.0
     started = time.perf_counter()

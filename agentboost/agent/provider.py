@@ -288,8 +288,23 @@ class TokenModel(Model):
         self._consumed = len(messages)
 
     def _take_new_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
-        """Append what arrived since our last turn: tool results (in our call order) and user text."""
+        """Append what arrived since our last turn (tokens and chat view), before the next generation."""
         assert self.buffer is not None
+        new = self._collect_new(messages)
+        if new:
+            self.buffer.append_messages(new)
+            self.messages.extend(new)
+
+    def finish(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """At the end of a rollout: add the last turn's tool results to the chat view only.
+
+        No model turn follows them, so they get no tokens: the sequence ends on the model's turn.
+        """
+        if self.buffer is not None:
+            self.messages.extend(self._collect_new(messages))
+
+    def _collect_new(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+        """Chat messages that arrived since our last turn: tool results (in our call order), user text."""
         new: list[Message] = []
         for message in messages[self._consumed :]:
             if message["role"] == "assistant":
@@ -322,9 +337,7 @@ class TokenModel(Model):
                 new.append({"role": "user", "content": _text_of(text_blocks, "user")})
         self._consumed = len(messages)
         self._pending = []
-        if new:
-            self.buffer.append_messages(new)
-            self.messages.extend(new)
+        return new
 
     def _events(
         self,

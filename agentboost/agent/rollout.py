@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from strands.agent.conversation_manager import NullConversationManager
 
 from agentboost.agent.provider import RolloutLimits, RolloutStop, TokenModel, invalid_tool_call
 from agentboost.engines.base import Engine, SamplingParams
-from agentboost.errors import EngineError, TemplateError
+from agentboost.errors import ContextLengthError, EngineError, TemplateError
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -57,6 +58,8 @@ def _classify(error: BaseException) -> tuple[TerminationReason, str] | None:
         seen.add(id(current))
         if isinstance(current, RolloutStop):
             return current.reason, current.detail
+        if isinstance(current, ContextLengthError):
+            return TerminationReason.CONTEXT_FULL, str(current)
         if isinstance(current, EngineError):
             return TerminationReason.ENGINE_ERROR, f"{type(current).__name__}: {current}"
         if isinstance(current, TemplateError):
@@ -86,6 +89,9 @@ async def run_agent(
     """
     sampling = sampling or SamplingParams()
     limits = limits or RolloutLimits()
+    bind = getattr(engine, "bind", None)
+    if callable(bind):  # remote engines: keep every turn of this rollout on one server (prefix cache)
+        engine = bind(task_id or uuid.uuid4().hex)
     chat_template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
     model = TokenModel(
         engine,
@@ -132,6 +138,11 @@ async def run_agent(
             TerminationReason.AGENT_ERROR,
             f"{type(error).__name__}: {error}",
         )
+    finally:
+        if callable(bind):
+            await engine.aclose()  # a bound view only forgets its binding
+    if reason in (TerminationReason.COMPLETED, TerminationReason.TIMEOUT) or model.termination is not None:
+        model.finish(agent.messages)
     if model.termination is not None and reason is TerminationReason.COMPLETED:
         reason, detail = model.termination, model.termination_detail
     elapsed = time.perf_counter() - started

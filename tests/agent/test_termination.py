@@ -189,6 +189,19 @@ def test_engine_error_keeps_completed_turns(qwen_tokenizer, say):
     assert trajectory.metrics["turns"] == 1 and trajectory.generated_tokens == len(say(ADD_CALL))
 
 
+def test_an_engine_context_error_is_context_full(qwen_tokenizer, say):
+    from agentboost.errors import ContextLengthError
+
+    def script(prompt, index):
+        if index == 1:
+            raise ContextLengthError("the server says the prompt is too long")
+        return say(ADD_CALL)
+
+    trajectory = rollout(qwen_tokenizer, ScriptedEngine(script))
+    assert trajectory.termination is TerminationReason.CONTEXT_FULL
+    assert trajectory.metrics["turns"] == 1
+
+
 def test_a_template_that_is_not_prefix_preserving_is_refused(qwen_tokenizer, say):
     """Like Qwen3's own template: the last assistant turn opens with an empty think block that a later
     rendering drops once the turn is no longer last."""
