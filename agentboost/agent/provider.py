@@ -57,13 +57,22 @@ class RolloutLimits:
     """Tool calls executed over the rollout; a turn that would exceed it runs none of its calls."""
     max_total_tokens: int | None = None
     """Context budget: prompt + everything appended. None: the engine's context length."""
+    max_response_tokens: int | None = None
+    """Budget for everything after the first prompt (generated and appended tokens), e.g. veRL's
+    response_length. Reaching it ends the rollout with ``context_full``."""
     max_new_tokens: int = 1024
     """Generated tokens per turn."""
     timeout_s: float | None = None
     """Wall-clock budget for the whole rollout."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tool_calls", "max_total_tokens", "max_new_tokens"):
+        for name in (
+            "max_turns",
+            "max_tool_calls",
+            "max_total_tokens",
+            "max_response_tokens",
+            "max_new_tokens",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"RolloutLimits.{name} must be >= 1 (or None where allowed), got {value}")
@@ -253,6 +262,8 @@ class TokenModel(Model):
     def _room(self) -> int:
         assert self.buffer is not None
         limits = [value for value in (self.limits.max_total_tokens, self.engine.context_length) if value]
+        if self.limits.max_response_tokens is not None:
+            limits.append(self.buffer.segments[0].end + self.limits.max_response_tokens)
         return (min(limits) if limits else 1 << 62) - len(self.buffer.token_ids)
 
     def record_termination(self, reason: TerminationReason, detail: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,10 +176,17 @@ class ArithmeticEnvironment(Environment):
         self.difficulty = difficulty
 
     def tools(self) -> list[Any]:
-        return [calculator]
+        return [calculator]  # stateless: one object serves every rollout
 
-    def tasks(self, n: int, *, seed: int = 0) -> list[ArithmeticTask]:
-        return generate_tasks(n, seed=seed, difficulty=self.difficulty)
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[ArithmeticTask]:
+        # splits draw from disjoint seed streams, so held-out tasks never repeat training ones
+        offset = {"train": 0, "test": 1_000_003, "validation": 2_000_006}.get(split)
+        if offset is None:
+            raise ConfigError(f"unknown split {split!r}; use train, test or validation")
+        return generate_tasks(64 if n is None else n, seed=seed + offset, difficulty=self.difficulty)
+
+    def task_from_dict(self, data: Mapping[str, Any]) -> ArithmeticTask:
+        return ArithmeticTask(**data)
 
     def prompt(self, task: ArithmeticTask) -> str:
         return task.question

@@ -162,6 +162,14 @@ def test_context_full_before_and_during_a_turn(qwen_tokenizer, say):
     assert later.termination is TerminationReason.CONTEXT_FULL and later.metrics["turns"] >= 2
 
 
+def test_response_budget_ends_cleanly(qwen_tokenizer, say):
+    engine = ScriptedEngine([say(ADD_CALL)], cycle=True)
+    trajectory = rollout(qwen_tokenizer, engine, limits=RolloutLimits(max_response_tokens=100, max_turns=50))
+    assert trajectory.termination is TerminationReason.CONTEXT_FULL
+    assert len(trajectory.token_ids) - trajectory.prompt_length <= 100
+    assert trajectory.metrics["turns"] >= 2
+
+
 class SlowEngine(ScriptedEngine):
     async def generate(self, prompt_ids, sampling) -> Generation:
         if self.calls >= 2:

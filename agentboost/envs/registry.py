@@ -1,0 +1,55 @@
+"""Find environments by name or import reference, so any process can rebuild the same one.
+
+A reference is a registered name (``arithmetic``) or ``package.module:ClassName``. Worker processes
+and veRL workers receive the reference and its keyword arguments, never a pickled object.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from agentboost.envs.base import Environment
+from agentboost.errors import ConfigError
+
+_REGISTRY: dict[str, str] = {"arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment"}
+
+
+def register_environment(name: str, reference: str) -> None:
+    """Make ``name`` mean ``reference`` (``module:Class``) in this process."""
+    _REGISTRY[name] = reference
+
+
+def environment_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
+    """Build an environment from a registered name or ``module:Class`` reference."""
+    target = _REGISTRY.get(reference, reference)
+    module_name, _, attribute = target.partition(":")
+    if not attribute:
+        raise ConfigError(
+            f"unknown environment {reference!r}; use one of {', '.join(environment_names())} "
+            "or an import reference such as 'my_package.envs:MyEnvironment'"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"cannot import environment {target!r}: {error}") from error
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"{target!r} is not an agentboost Environment subclass")
+    try:
+        return cls(**dict(kwargs or {}))
+    except TypeError as error:
+        raise ConfigError(f"cannot build {target!r} with {dict(kwargs or {})}: {error}") from error
+
+
+def environment_reference(environment: Environment) -> str:
+    """The ``module:Class`` reference that rebuilds ``environment``'s class in another process."""
+    cls = type(environment)
+    for name, target in _REGISTRY.items():
+        if target == f"{cls.__module__}:{cls.__qualname__}":
+            return name
+    return f"{cls.__module__}:{cls.__qualname__}"
