@@ -6,23 +6,9 @@ import argparse
 import asyncio
 import json
 import sys
-import time
-from collections import Counter
-from pathlib import Path
 
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
-
-ENVIRONMENTS = {"arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment"}
-
-
-def _environment(name: str):  # type: ignore[no-untyped-def]
-    import importlib
-
-    if name not in ENVIRONMENTS:
-        raise ConfigError(f"unknown environment {name!r}; available: {', '.join(sorted(ENVIRONMENTS))}")
-    module, _, attribute = ENVIRONMENTS[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)()
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
@@ -33,68 +19,60 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 async def _rollouts(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from agentboost.agent.provider import RolloutLimits
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.envs.registry import make_environment
+    from agentboost.rollout.results import ResultStore
+    from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
 
-    environment = _environment(args.env)
+    environment_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    environment = make_environment(args.env, environment_kwargs)
     defaults = environment.limits
     limits = RolloutLimits(
         max_turns=args.max_turns or defaults.max_turns,
         max_tool_calls=args.max_tool_calls or defaults.max_tool_calls,
         max_total_tokens=args.max_total_tokens or defaults.max_total_tokens,
+        max_response_tokens=defaults.max_response_tokens,
         max_new_tokens=args.max_new_tokens or defaults.max_new_tokens,
         timeout_s=args.timeout or defaults.timeout_s,
     )
-    tokenizer = load_tokenizer(args.model)
-    engine = make_engine(args.engine, model=args.model, urls=args.url or ())
-    tasks = environment.tasks(args.n, seed=args.seed)
-    semaphore = asyncio.Semaphore(args.concurrency)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rewards: list[float] = []
-    reasons: Counter[str] = Counter()
-    generated = 0
-    started = time.perf_counter()
-
-    with (
-        out.open("w", encoding="utf-8") as sink,
-        tqdm(total=len(tasks), unit="rollout", file=sys.stderr) as bar,
-    ):
-
-        async def one(index: int, task: object) -> None:
-            nonlocal generated
-            sampling = SamplingParams(
-                temperature=args.temperature, top_p=args.top_p, seed=args.seed * 100_003 + index
-            )
-            async with semaphore:
-                trajectory = await environment.rollout(
-                    task, engine, tokenizer, sampling=sampling, limits=limits, template=args.template
-                )
-            sink.write(trajectory.to_json() + "\n")
-            sink.flush()
-            rewards.append(trajectory.reward or 0.0)
-            reasons[trajectory.termination.value] += 1
-            generated += trajectory.generated_tokens
-            bar.set_postfix(
-                reward=f"{sum(rewards) / len(rewards):.2f}",
-                tok_s=f"{generated / (time.perf_counter() - started):.1f}",
-            )
-            bar.update(1)
-
-        try:
-            await asyncio.gather(*(one(index, task) for index, task in enumerate(tasks)))
-        finally:
-            await engine.aclose()
-    elapsed = time.perf_counter() - started
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
-    endings = ", ".join(f"{reason} {count}" for reason, count in reasons.most_common())
-    print(
-        f"{len(rewards)} rollouts of {environment.name}: mean reward {mean:.3f} | {endings} | "
-        f"{generated} tokens generated in {elapsed:.1f} s ({generated / elapsed:.1f} tok/s) -> {out}"
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    config = RunConfig(
+        samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed
     )
+    jobs = plan_jobs(environment, environment.tasks(args.n, seed=args.seed, split=args.split), config)
+    with ResultStore(args.out, resume=not args.fresh) as store:
+        if store.torn_bytes:
+            print(
+                f"agentboost: cut a torn last line ({store.torn_bytes} bytes) from {args.out}",
+                file=sys.stderr,
+            )
+        if args.workers:
+            from agentboost.rollout.workers import WorkerPool, WorkerSpec
+
+            spec = WorkerSpec.build(
+                args.env,
+                model=args.model,
+                engine=args.engine,
+                urls=args.url,
+                environment_kwargs=environment_kwargs,
+                sampling=sampling,
+                limits=limits,
+                concurrency=max(1, args.concurrency // args.workers),
+            )
+            async with WorkerPool(spec, args.workers) as pool:
+                summary = await run_jobs(jobs, pool.execute, store, config)
+        else:
+            from agentboost.engines.factory import load_tokenizer, make_engine
+
+            tokenizer = load_tokenizer(args.model)
+            engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+            try:
+                execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
+                summary = await run_jobs(jobs, execute, store, config)
+            finally:
+                await engine.aclose()
+    print(f"{environment.name}: {summary.line()} -> {args.out}")
     return 0
 
 
@@ -103,13 +81,16 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from agentboost.tokens.trajectory import read_jsonl
+    from agentboost.rollout.results import read_results
 
-    for index, trajectory in enumerate(read_jsonl(args.path)):
+    for index, result in enumerate(read_results(args.path)):
         if index == args.index:
+            trajectory = result.trajectory
             print(json.dumps(trajectory.messages, indent=2, ensure_ascii=False))
             print(
-                f"termination: {trajectory.termination.value} | reward: {trajectory.reward} | "
+                f"task {result.task_id} sample {result.sample} | "
+                f"termination: {trajectory.termination.value} | "
+                f"reward: {result.reward} {result.reward_breakdown or ''}{result.reward_error or ''} | "
                 f"{trajectory.metrics}"
             )
             return 0
@@ -126,16 +107,26 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--force", action="store_true", help="convert again even if cached")
     pull.set_defaults(func=_cmd_pull)
 
-    rollout = commands.add_parser("rollout", help="run an environment's tasks and write trajectories (JSONL)")
-    rollout.add_argument("--env", default="arithmetic", help="environment name (default: arithmetic)")
+    rollout = commands.add_parser("rollout", help="run an environment's tasks and write results (JSONL)")
+    rollout.add_argument(
+        "--env", default="arithmetic", help="environment name or module:Class (default: arithmetic)"
+    )
+    rollout.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
     rollout.add_argument("-n", "--n", type=int, default=4, help="number of tasks (default: 4)")
+    rollout.add_argument("--split", default="train", help="task split (default: train)")
+    rollout.add_argument("--samples", type=int, default=1, help="rollouts per task (default: 1)")
     rollout.add_argument("--seed", type=int, default=0, help="task and sampling seed")
     rollout.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
     rollout.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
     rollout.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
     rollout.add_argument("--template", default=None, help="chat template: qwen3, chatml, tokenizer (auto)")
-    rollout.add_argument("--out", default="runs/rollouts.jsonl", help="trajectories JSONL to write")
+    rollout.add_argument("--out", default="runs/rollouts.jsonl", help="results JSONL (resumed if it exists)")
+    rollout.add_argument("--fresh", action="store_true", help="start over instead of resuming --out")
     rollout.add_argument("--concurrency", type=int, default=16, help="rollouts in flight at once")
+    rollout.add_argument("--workers", type=int, default=0, help="worker processes (0: run in this process)")
+    rollout.add_argument(
+        "--retries", type=int, default=2, help="extra attempts after an engine error or crash"
+    )
     rollout.add_argument("--temperature", type=float, default=0.7)
     rollout.add_argument("--top-p", type=float, default=1.0)
     rollout.add_argument("--max-turns", type=int, default=None)

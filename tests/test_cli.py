@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from agentboost.tokens.trajectory import read_jsonl
+from agentboost.rollout.results import read_results
 
 
 def agentboost(*args, cwd):
@@ -34,11 +34,14 @@ def test_rollout_writes_trajectories_and_a_summary(memorized_qwen3, qwen_tokeniz
     )
     assert result.returncode == 0, result.stderr
     summary = result.stdout.strip().splitlines()[-1]
-    assert summary.startswith("3 rollouts of arithmetic: mean reward") and str(out) in summary
-    trajectories = list(read_jsonl(out))
-    assert sorted(t.task_id for t in trajectories) == ["arith-d1-s0-0", "arith-d1-s0-1", "arith-d1-s0-2"]
-    assert all(t.reward in (0.0, 1.0) and t.generated_tokens > 0 for t in trajectories)
-    assert all(json.loads(line)["format"] == "agentboost.trajectory" for line in out.read_text().splitlines())
+    assert summary.startswith("arithmetic: 3 rollouts (0 already done") and str(out) in summary
+    results = list(read_results(out))
+    assert sorted(r.task_id for r in results) == ["arith-d1-s0-0", "arith-d1-s0-1", "arith-d1-s0-2"]
+    assert all(r.reward in (0.0, 1.0) and r.trajectory.generated_tokens > 0 for r in results)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(line["trajectory"]["format"] == "agentboost.trajectory" for line in lines)
+    again = agentboost("rollout", "--model", str(memorized_qwen3), "-n", "3", "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 0 and "(3 already done" in again.stdout  # resumed: nothing re-run
     shown = agentboost("show", str(out), cwd=tmp_path)
     assert shown.returncode == 0 and '"role": "user"' in shown.stdout
 

@@ -92,7 +92,12 @@ class RolloutResult:
 
 
 _FAILURES = frozenset(
-    {TerminationReason.ENGINE_ERROR, TerminationReason.TEMPLATE_ERROR, TerminationReason.AGENT_ERROR}
+    {
+        TerminationReason.ENGINE_ERROR,
+        TerminationReason.TEMPLATE_ERROR,
+        TerminationReason.AGENT_ERROR,
+        TerminationReason.WORKER_CRASHED,
+    }
 )
 
 

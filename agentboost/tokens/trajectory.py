@@ -60,6 +60,8 @@ class TerminationReason(str, Enum):
     """A message could not be appended without breaking token exactness."""
     AGENT_ERROR = "agent_error"
     """Anything else raised inside the agent (a bug, or a tool that crashed the loop)."""
+    WORKER_CRASHED = "worker_crashed"
+    """The worker process running the rollout died (e.g. killed for memory) on every attempt."""
 
 
 @dataclass

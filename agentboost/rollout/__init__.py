@@ -1,0 +1,1 @@
+"""Running many rollouts: concurrency, progress, resumable results, worker processes."""
