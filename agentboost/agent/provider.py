@@ -195,7 +195,8 @@ class TokenModel(Model):
 
         ids = generation.token_ids
         finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in self.stop_token_ids
-        text = buffer.decode(ids[:-1] if finished else ids)
+        raw = buffer.decode(ids)
+        text = raw[: len(raw) - len(buffer.token_text(ids[-1]))] if finished else raw
         reasoning, visible, unclosed = split_reasoning(text, starts_in_think=buffer.starts_in_think)
         assistant: Message = {"role": "assistant", "content": visible}
         if reasoning is not None:
@@ -249,7 +250,7 @@ class TokenModel(Model):
                 }
                 for pending, call in zip(self._pending, calls, strict=False)
             ]
-        assistant["raw"] = buffer.decode(ids)
+        assistant["raw"] = raw
         self.messages.append(assistant)
 
         for event in self._events(

@@ -19,7 +19,10 @@ user turns) by rendering only the *delta*, checked on every append:
    TemplateError.
 
 Cost per append is a render of a short anchor plus the new messages and a tokenization of the
-delta: independent of how long the rollout already is.
+delta: independent of how long the rollout already is. Templates that copy message content
+verbatim (agentboost's built-ins) skip even the render: each message shape (e.g. two tool results)
+is rendered once per process with placeholder contents, checked against a real render, and then
+filled in.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from agentboost.tokens.trajectory import Segment
 
 _MARKER = "\u2063AGENTBOOST-TURN\u2063"
 _BOUNDARY_WINDOW = 8
+_SLOT = "\ue000AGENTBOOST-CONTENT\ue001"
+_SKELETONS: dict[tuple[Any, ...], list[str] | None] = {}
+"""(template source, variables, roles) -> the delta split around each message's content; None when
+the template turned out not to copy content verbatim."""
 
 
 class TokenBuffer:
@@ -64,6 +71,7 @@ class TokenBuffer:
         ]
         self._fast_prefix = ""
         self._checked_shapes: set[tuple[str, ...]] = set()
+        self._token_texts: dict[int, str] = {}
         self._faithful_only = False
         self.generation_prompt = ""
         self.starts_in_think = False
@@ -74,6 +82,13 @@ class TokenBuffer:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one id, cached (stop tokens are looked up every turn)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id])
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._backend is not None:
@@ -98,15 +113,8 @@ class TokenBuffer:
             THINK_CLOSE
         )
         self._anchor = [*messages, {"role": "assistant", "content": _MARKER}]
-        anchor_text = self.template.render(self._anchor, self.tools, add_generation_prompt=False)
-        cut = anchor_text.find(_MARKER)
-        if cut < 0 or anchor_text.find(_MARKER, cut + 1) >= 0:
-            raise TemplateError(
-                self.template.name,
-                self._anchor[-1],
-                "the template must render assistant content exactly once",
-            )
-        self._anchor_prefix = anchor_text[: cut + len(_MARKER)]
+        self._anchor_prefix = self._prefix_through_marker(self._anchor, self.tools)
+        self._fast_prefix = self._prefix_through_marker(self._fast_anchor, None)
         ids = self.encode(text)
         self._extend(ids, None, role="prompt")
         return ids
@@ -137,7 +145,10 @@ class TokenBuffer:
             raise RuntimeError("new messages can only follow a generated assistant turn")
         messages = list(messages)
         shape = tuple(message.get("role", "") for message in messages)
-        if self._faithful_only:
+        delta = self._fill_skeleton(shape, messages) if self.template.content_verbatim else None
+        if delta is not None:
+            pass
+        elif self._faithful_only:
             delta = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
         else:
             delta = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
@@ -148,7 +159,7 @@ class TokenBuffer:
                     self._faithful_only, delta = True, faithful
         last = self.token_ids[-1]
         if self.segments[-1].finish_reason == "stop":
-            stop_text = self.decode([last])
+            stop_text = self.token_text(last)
             if stop_text and delta.startswith(stop_text):
                 delta = delta[len(stop_text) :]
         ids = self.encode(delta)
@@ -157,6 +168,27 @@ class TokenBuffer:
         role = "tool" if all(message.get("role") == "tool" for message in messages) else "user"
         self._extend(ids, None, role=role)
         return ids
+
+    def _fill_skeleton(self, shape: tuple[str, ...], messages: list[Message]) -> str | None:
+        """The delta from a cached per-shape skeleton, or None when there is none for this template."""
+        contents = [message.get("content") for message in messages]
+        if not all(isinstance(content, str) and _SLOT not in content for content in contents):
+            return None
+        key = (self.template.source, tuple(sorted(self.template.defaults.items())), shape)
+        if key not in _SKELETONS:
+            slotted = [{"role": role, "content": _SLOT} for role in shape]
+            parts = self._render_delta(self._fast_anchor, self._fast_prefix, None, slotted).split(_SLOT)
+            real = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
+            filled = parts[0] + "".join(
+                content + part for content, part in zip(contents, parts[1:], strict=False)
+            )
+            usable = len(parts) == len(contents) + 1 and filled == real
+            _SKELETONS[key] = parts if usable else None
+            return real
+        parts = _SKELETONS[key]
+        if parts is None:
+            return None
+        return parts[0] + "".join(content + part for content, part in zip(contents, parts[1:], strict=True))
 
     def _prefix_through_marker(self, anchor: list[Message], tools: list[Any] | None) -> str:
         text = self.template.render(anchor, tools, add_generation_prompt=False)
@@ -179,7 +211,12 @@ class TokenBuffer:
                 "prefix-preserving, e.g. it drops earlier <think> content); use an extension-safe "
                 "template such as agentboost's 'qwen3' or 'chatml'",
             )
-        return rendered[len(prefix) :]
+        delta = rendered[len(prefix) :]
+        if _MARKER in delta:
+            raise TemplateError(
+                self.template.name, messages[0], "the template repeats earlier content after it"
+            )
+        return delta
 
     def _check_boundary(self, delta_ids: list[int], delta: str, message: Message) -> None:
         """Raise unless tokenizing (tail of what we have + delta) splits exactly at the boundary."""

@@ -52,6 +52,9 @@ class ChatTemplate:
     name: str
     source: str
     defaults: dict[str, Any] = field(default_factory=dict)
+    content_verbatim: bool = False
+    """True when the template copies user and tool message content unchanged and ignores their other
+    fields, so deltas can be rendered once per message shape and filled in (agentboost's built-ins)."""
 
     def __post_init__(self) -> None:
         try:
@@ -61,7 +64,7 @@ class ChatTemplate:
 
     def with_defaults(self, **defaults: Any) -> ChatTemplate:
         """A copy whose default variables are updated (e.g. ``thinking="off"``)."""
-        return ChatTemplate(self.name, self.source, {**self.defaults, **defaults})
+        return ChatTemplate(self.name, self.source, {**self.defaults, **defaults}, self.content_verbatim)
 
     def render(
         self,
@@ -102,7 +105,9 @@ def get_template(name: str, **defaults: Any) -> ChatTemplate:
         raise ConfigError(
             f"unknown chat template {name!r}; built-in templates are {sorted(_BUILTIN_DEFAULTS)}"
         )
-    return ChatTemplate(name, _builtin_source(), {**_BUILTIN_DEFAULTS[name], **defaults})
+    return ChatTemplate(
+        name, _builtin_source(), {**_BUILTIN_DEFAULTS[name], **defaults}, content_verbatim=True
+    )
 
 
 def template_for(tokenizer: Any, name: str | None = None, **defaults: Any) -> ChatTemplate:
