@@ -35,14 +35,12 @@ instead, sample at temperature 1 or recompute them in the trainer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, SamplingParams
 from agentboost.engines.http import (
     RemoteEngine,
     ResponseFormatError,
-    RetryPolicy,
     finish_reason_for,
     float_list,
     int_list,
@@ -65,25 +63,6 @@ class SGLangEngine(RemoteEngine):
     server_kind: ClassVar[str] = "SGLang"
     generate_path: ClassVar[str] = "/generate"
     context_slack: ClassVar[int] = 1
-
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        connect_timeout_s: float = 10.0,
-        read_timeout_s: float = 600.0,
-        retry: RetryPolicy | None = None,
-        context_length: int | None = None,
-        max_connections_per_server: int = 1024,
-    ) -> None:
-        super().__init__(
-            urls,
-            connect_timeout_s=connect_timeout_s,
-            read_timeout_s=read_timeout_s,
-            retry=retry,
-            context_length=context_length,
-            max_connections_per_server=max_connections_per_server,
-        )
 
     def build_request(
         self, prompt_ids: list[int], sampling: SamplingParams, max_new_tokens: int

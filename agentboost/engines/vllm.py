@@ -43,7 +43,6 @@ from agentboost.engines.base import Generation, SamplingParams
 from agentboost.engines.http import (
     RemoteEngine,
     ResponseFormatError,
-    RetryPolicy,
     finish_reason_for,
     float_list,
     int_list,
@@ -66,26 +65,12 @@ class VLLMEngine(RemoteEngine):
     generate_path: ClassVar[str] = "/v1/completions"
     context_slack: ClassVar[int] = 0
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        model: str | None = None,
-        connect_timeout_s: float = 10.0,
-        read_timeout_s: float = 600.0,
-        retry: RetryPolicy | None = None,
-        context_length: int | None = None,
-        max_connections_per_server: int = 1024,
-    ) -> None:
-        super().__init__(
-            urls,
-            connect_timeout_s=connect_timeout_s,
-            read_timeout_s=read_timeout_s,
-            retry=retry,
-            context_length=context_length,
-            max_connections_per_server=max_connections_per_server,
-        )
+    def __init__(self, urls: str | Sequence[str], *, model: str | None = None, **options: Any) -> None:
+        """``model``: the served model's name (learned from /v1/models when None); ``options`` as
+        :class:`~agentboost.engines.http.RemoteEngine` (timeouts, retry policy, context length)."""
+        super().__init__(urls, **options)
         self.model = model
+        context_length = options.get("context_length")
         # the model name is a model fact too: learn it with the context length unless both are given
         self._info_known = context_length is not None and model is not None
 
