@@ -141,12 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--index", type=int, default=0)
     show.set_defaults(func=_cmd_show)
 
-    try:
-        from agentboost.engines.server import register_serve_command
-    except ImportError:  # the remote extras are not installed
-        pass
-    else:
-        register_serve_command(commands)
+    from agentboost.engines.server import register_serve_command
+    from agentboost.integrations.verl.cli import register_commands as register_verl_commands
+
+    register_serve_command(commands)
+    register_verl_commands(commands)
     return parser
 
 

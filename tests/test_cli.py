@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from agentboost.rollout.results import read_results
 
 
@@ -51,3 +53,12 @@ def test_bad_arguments_end_with_a_clear_error(tmp_path):
     assert result.returncode == 2 and "needs the server's address: --url" in result.stderr
     result = agentboost("rollout", "--env", "chess", cwd=tmp_path)
     assert result.returncode == 2 and "unknown environment 'chess'" in result.stderr
+
+
+def test_data_to_verl_writes_parquet_from_the_command_line(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "train.parquet"
+    result = agentboost("data", "to-verl", "--env", "arithmetic", "-n", "3", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(out)
+    assert table.num_rows == 3 and "agent_name" in table.column_names

@@ -27,13 +27,14 @@ def test_default_model_rollout_is_token_exact(smollm2):
     environment = ArithmeticEnvironment()
     task = environment.tasks(1, seed=3)[0]
     sampling = SamplingParams(temperature=0.8, seed=0)
-    trajectory = run(
+    result = run(
         environment.rollout(
             task, engine, tokenizer, sampling=sampling, limits=RolloutLimits(max_turns=2, max_new_tokens=24)
         )
     )
+    trajectory = result.trajectory
     assert trajectory.info["template"] == "chatml"
-    assert trajectory.reward in (0.0, 1.0) and trajectory.generated_tokens > 0
+    assert result.reward in (0.0, 1.0) and trajectory.generated_tokens > 0
     assert tokenizer.decode(trajectory.token_ids[: trajectory.prompt_length]).endswith(
         "<|im_start|>assistant\n"
     )

@@ -1,0 +1,80 @@
+"""``agentboost data to-verl`` and ``agentboost doctor``; :func:`register_commands` adds them to the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from agentboost.errors import ConfigError
+
+
+def _cmd_data_to_verl(args: argparse.Namespace) -> int:
+    from agentboost.integrations.verl.data import write_verl_dataset
+
+    path, count = write_verl_dataset(
+        args.env,
+        args.out,
+        environment_kwargs=_env_kwargs(args.env_kwargs),
+        n=args.n,
+        seed=args.seed,
+        split=args.split,
+        agent_name=args.agent_name,
+        data_source=args.data_source,
+    )
+    print(f"{count} {args.split} tasks of {args.env} -> {path}")
+    return 0
+
+
+def _env_kwargs(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--env-kwargs is not valid JSON ({error.msg}): {text!r}") from error
+    if not isinstance(value, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object such as '{{\"difficulty\": 2}}', got {text!r}")
+    return value
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from agentboost.integrations.verl.doctor import doctor_report
+
+    report, ready = doctor_report()
+    print(report)
+    return 0 if ready else 1
+
+
+def register_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``data`` (with ``to-verl``) and ``doctor`` to the ``agentboost`` command's subparsers."""
+    data = commands.add_parser("data", help="prepare training data")
+    formats = data.add_subparsers(dest="data_command", required=True)
+    to_verl = formats.add_parser(
+        "to-verl",
+        help="write an environment's tasks as veRL parquet (one row per task, for agentboost's agent loop)",
+    )
+    to_verl.add_argument(
+        "--env", default="arithmetic", help="registered name or module:Class (default: arithmetic)"
+    )
+    to_verl.add_argument(
+        "--env-kwargs", default=None, help="JSON object of constructor arguments, e.g. '{\"difficulty\": 2}'"
+    )
+    to_verl.add_argument(
+        "-n", "--n", type=int, default=None, help="number of tasks (default: the environment's)"
+    )
+    to_verl.add_argument("--seed", type=int, default=0, help="task seed (default: 0)")
+    to_verl.add_argument("--split", default="train", help="task split, e.g. train or test (default: train)")
+    to_verl.add_argument("--out", required=True, help="parquet file to write (PATH.parquet)")
+    to_verl.add_argument(
+        "--agent-name", default="agentboost", help="agent loop rows run with (default: agentboost)"
+    )
+    to_verl.add_argument(
+        "--data-source", default=None, help="veRL data_source column (default: the environment's name)"
+    )
+    to_verl.set_defaults(func=_cmd_data_to_verl)
+
+    doctor = commands.add_parser(
+        "doctor", help="check verl, vllm, sglang, torch, transformers and strands-agents for veRL training"
+    )
+    doctor.set_defaults(func=_cmd_doctor)

@@ -1,0 +1,197 @@
+"""veRL's parquet rows for any environment's tasks, and reading them back in the agent loop.
+
+One row per task, in the columns veRL's ``RLHFDataset`` passes to the agent loop::
+
+    data_source    the environment's name (veRL groups validation metrics by it)
+    agent_name     "agentboost": the loop veRL runs for the row
+    prompt         [system, user] chat messages, for people and veRL's tools; the loop renders the real
+                   prompt (tools included) from the environment, so editing this column changes nothing
+    reward_model   {"style": "rule", "ground_truth": str}: informational; the loop scores with the
+                   environment's reward and sets veRL's reward_score itself
+    extra_info     {"index": int, "split": str, "task_id": str,
+                    "environment": "package.module:Class", "environment_kwargs": JSON object text,
+                    "task": JSON object text (Environment.task_to_dict)}
+
+The environment is stored as an import reference (never a name registered only in this process) and the
+task as JSON text (so tasks of any shape share one parquet schema): any veRL worker on any node rebuilds
+both with :func:`read_row`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentboost.envs.base import Environment
+from agentboost.envs.registry import make_environment
+from agentboost.errors import ConfigError
+from agentboost.integrations.verl import AGENT_LOOP_NAME
+
+_GROUND_TRUTH_KEYS = ("ground_truth", "answer", "solution")
+
+
+@dataclass(frozen=True)
+class RowTask:
+    """What the agent loop needs from one row: how to rebuild the environment, and the task."""
+
+    environment: str
+    environment_kwargs: dict[str, Any]
+    task: dict[str, Any]
+    task_id: str
+
+
+def environment_import_reference(environment: Environment) -> str:
+    """``package.module:Class`` for ``environment``; ConfigError if another process could not import it."""
+    cls = type(environment)
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise ConfigError(
+            f"environment class {cls.__qualname__} is defined in {cls.__module__!r}; veRL's workers import "
+            "environments by reference, so define it at the top level of an importable module"
+        )
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def ground_truth(environment: Environment, task: Any) -> str:
+    """The task's reference answer as text: ``environment.ground_truth(task)`` if defined, else the task's
+    ``ground_truth`` / ``answer`` / ``solution`` field, else ''."""
+    custom = getattr(environment, "ground_truth", None)
+    if callable(custom):
+        value = custom(task)
+    else:
+        data = environment.task_to_dict(task)
+        value = next((data[key] for key in _GROUND_TRUTH_KEYS if key in data), "")
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def task_rows(
+    environment: Environment,
+    tasks: Sequence[Any],
+    *,
+    environment_kwargs: Mapping[str, Any] | None = None,
+    split: str = "train",
+    agent_name: str = AGENT_LOOP_NAME,
+    data_source: str | None = None,
+) -> list[dict[str, Any]]:
+    """One veRL row per task (see the module docstring for the columns)."""
+    reference = environment_import_reference(environment)
+    kwargs_text = _json_text(dict(environment_kwargs or {}), "the environment kwargs")
+    rows = []
+    for index, task in enumerate(tasks):
+        task_id = environment.task_id(task)
+        task_data = environment.task_to_dict(task)
+        task_text = _json_text(task_data, f"task {task_id!r}")
+        if index == 0:
+            _check_round_trip(environment, task_data, task_id)
+        messages = []
+        if environment.system_prompt:
+            messages.append({"role": "system", "content": environment.system_prompt})
+        messages.append({"role": "user", "content": environment.prompt(task)})
+        rows.append(
+            {
+                "data_source": data_source or environment.name,
+                "agent_name": agent_name,
+                "prompt": messages,
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(environment, task)},
+                "extra_info": {
+                    "index": index,
+                    "split": split,
+                    "task_id": task_id,
+                    "environment": reference,
+                    "environment_kwargs": kwargs_text,
+                    "task": task_text,
+                },
+            }
+        )
+    return rows
+
+
+def write_parquet(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str]) -> Path:
+    """Write rows as one parquet file, atomically (a temporary file, then a rename)."""
+    if not rows:
+        raise ConfigError("no tasks to write: the environment returned none (check -n and --split)")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ConfigError("writing parquet needs pyarrow: pip install 'agentboost[verl]'") from error
+    path = Path(out)
+    if path.suffix != ".parquet":
+        raise ConfigError(f"{path} must end in .parquet (veRL reads data files by their extension)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    pq.write_table(pa.Table.from_pylist(list(rows)), partial)
+    os.replace(partial, path)
+    return path
+
+
+def write_verl_dataset(
+    environment: str,
+    out: str | os.PathLike[str],
+    *,
+    environment_kwargs: Mapping[str, Any] | None = None,
+    n: int | None = None,
+    seed: int = 0,
+    split: str = "train",
+    agent_name: str = AGENT_LOOP_NAME,
+    data_source: str | None = None,
+) -> tuple[Path, int]:
+    """Build ``environment`` (a registered name or ``module:Class``), take its tasks, write veRL's parquet.
+
+    Returns the path written and the number of rows.
+    """
+    kwargs = dict(environment_kwargs or {})
+    env = make_environment(environment, kwargs)
+    tasks = env.tasks(n, seed=seed, split=split)
+    rows = task_rows(
+        env, tasks, environment_kwargs=kwargs, split=split, agent_name=agent_name, data_source=data_source
+    )
+    return write_parquet(rows, out), len(rows)
+
+
+def read_row(row: Mapping[str, Any]) -> RowTask:
+    """The environment reference, its kwargs and the task of one row as veRL hands it to the agent loop."""
+    extra_info = row.get("extra_info")
+    if not isinstance(extra_info, Mapping) or not extra_info.get("environment"):
+        raise ConfigError(
+            "the row has no extra_info.environment: agentboost's agent loop needs rows written by "
+            "`agentboost data to-verl` (or with the same extra_info fields, see docs/verl.md)"
+        )
+    environment = str(extra_info["environment"])
+    environment_kwargs = _json_object(
+        extra_info.get("environment_kwargs") or "{}", "extra_info.environment_kwargs"
+    )
+    task = _json_object(extra_info.get("task"), "extra_info.task")
+    return RowTask(environment, environment_kwargs, task, str(extra_info.get("task_id") or ""))
+
+
+def _json_text(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{what} cannot be written as JSON ({error}); make it plain data") from error
+
+
+def _json_object(text: Any, what: str) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} must be JSON object text, got {type(text).__name__}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{what} is not valid JSON ({error.msg})") from error
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _check_round_trip(environment: Environment, task_data: dict[str, Any], task_id: str) -> None:
+    """A task must come back from its JSON as the same task, or workers would run something else."""
+    rebuilt = environment.task_from_dict(json.loads(_json_text(task_data, f"task {task_id!r}")))
+    if environment.task_id(rebuilt) != task_id:
+        raise ConfigError(
+            f"{type(environment).__name__}.task_from_dict(task_to_dict(task)) gives task "
+            f"{environment.task_id(rebuilt)!r}, not {task_id!r}: make the two methods inverse"
+        )
