@@ -146,7 +146,8 @@ class WorkerPool:
 
     async def execute(self, job: Job) -> RolloutResult:
         async with self._capacity:
-            worker = min(self.workers, key=lambda w: len(w.in_flight))
+            alive = [w for w in self.workers if w.process.returncode is None] or self.workers
+            worker = min(alive, key=lambda w: len(w.in_flight))
             self._next_id += 1
             job_id = self._next_id
             future: asyncio.Future[RolloutResult] = asyncio.get_running_loop().create_future()

@@ -220,6 +220,6 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
     results = list(read_results(tmp_path / "w.jsonl"))
     assert len(results) == 16 == len({(r.task_id, r.sample) for r in results})
     assert all(r.termination is TerminationReason.COMPLETED and r.reward == 0.0 for r in results)
-    # the killed worker's rollouts ran again; a result already in the pipe at the kill may not need to
-    retried = sum(r.attempts == 2 for r in results)
-    assert 1 <= retried <= in_flight and summary.retried == retried
+    # the killed worker's rollouts ran again (so may jobs sent to it before its death was noticed)
+    assert any(r.attempts > 1 for r in results)
+    assert summary.retried == sum(r.attempts - 1 for r in results)

@@ -1,0 +1,54 @@
+"""``agentboost train CONFIG.yaml [key=value ...]``: train with the local trainer.
+
+Every setting of :class:`~agentboost.train.config.TrainConfig` can be given in the YAML file and
+overridden on the command line with a dotted key, e.g. ``optimizer.lr=2e-5 lora.enabled=true``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from agentboost.train.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    from agentboost.train.trainer import Trainer
+
+    summary = Trainer(config).train()
+    evaluations = sorted(summary.eval_rewards.items())
+    if evaluations:
+        (first_step, first), (last_step, last) = evaluations[0], evaluations[-1]
+        print(
+            f"held-out mean reward: {first:.3f} at step {first_step} -> {last:.3f} at step {last_step} "
+            f"({last - first:+.3f}) | {summary.output_dir}"
+        )
+    else:
+        print(f"trained {summary.steps} steps | {summary.output_dir}")
+    return 0
+
+
+def register_train_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train`` to the ``agentboost`` command's subparsers."""
+    parser = subparsers.add_parser(
+        "train",
+        help="train a policy on an environment with the local GRPO/PPO trainer",
+        description=(
+            "Collect group rollouts with the current weights, compute advantages, update, repeat. "
+            "Settings come from CONFIG (YAML) and then from KEY=VALUE overrides with dotted keys, "
+            "e.g. optimizer.lr=2e-5 rollout.group_size=8 lora.enabled=true. A run started again in "
+            "the same output_dir resumes from its latest checkpoint."
+        ),
+    )
+    parser.add_argument("config", nargs="?", default=None, help="YAML config file (omit for the defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="setting overrides, dotted keys")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
+    )
+    parser.set_defaults(func=_cmd_train)
+    return parser

@@ -1,0 +1,179 @@
+"""The whole loop on a tiny random Qwen3: it learns, it measures its own consistency, it resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+from train_toy_env import FirstToken, KilledAfter, SimulatedKill
+
+from agentboost.rollout.results import read_results
+from agentboost.train.config import config_from_dict
+from agentboost.train.logging import read_metrics
+from agentboost.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def toy_model_dir(qwen_tokenizer, tmp_path_factory):
+    """A tiny random Qwen3 saved with the real Qwen3 vocabulary, loaded by path like any model.
+
+    Its (tied) embeddings are scaled up 9x so that, like a trained model and unlike a freshly
+    initialised one, it prefers some tokens: it echoes the prompt's last token, a line break, with
+    probability ~0.14, instead of spreading its mass evenly over 151k tokens.
+    """
+    directory = tmp_path_factory.mktemp("tiny-qwen3")
+    model = tiny_qwen3(seed=0, hidden=64)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(9.0)
+    model.save_pretrained(directory)
+    qwen_tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def line_break(qwen_tokenizer) -> int:
+    (token,) = qwen_tokenizer.encode("\n", add_special_tokens=False)
+    return token
+
+
+def toy_config(model_dir, output_dir, **sections):
+    data = {
+        "model": {"name_or_path": str(model_dir)},
+        "environment": {"train_tasks": 16},
+        "rollout": {"tasks_per_step": 4, "group_size": 8, "temperature": 1.0},
+        "optimizer": {"lr": 1e-2},
+        "eval": {"every": 0, "tasks": 16, "samples": 4, "temperature": 1.0},
+        "checkpoint": {"every": 1, "save_final_model": False},
+        "logging": {"progress": False},
+        "steps": 2,
+        "seed": 0,
+        "output_dir": str(output_dir),
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    return config_from_dict(data)
+
+
+def test_a_tiny_model_learns_the_toy_task(toy_model_dir, line_break, tmp_path):
+    config = toy_config(toy_model_dir, tmp_path / "run", steps=12, eval={"every": 12})
+    summary = Trainer(config, environment=FirstToken(line_break)).train()
+
+    before, after = summary.eval_rewards[0], summary.eval_rewards[12]
+    assert before < 0.4, f"the untrained model already scores {before}"  # ~0.14
+    assert after > 0.9, f"held-out reward went {before:.3f} -> {after:.3f}"
+
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(12))
+    # same weights, float32, CPU: the trainer's recomputation matches the engine's logprobs
+    assert max(r["mismatch/logprob_abs_diff"] for r in train) < 1e-4
+    assert max(r["mismatch/kl"] for r in train) < 1e-6
+    assert all(r["optim/updates"] in (0, 1) for r in train)
+    assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 0
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_a_killed_run_resumes_to_the_same_state_as_an_uninterrupted_one(toy_model_dir, line_break, tmp_path):
+    sections = {"rollout": {"tasks_per_step": 4, "group_size": 4}, "optimizer": {"lr": 1e-3}}
+
+    uninterrupted = Trainer(
+        toy_config(toy_model_dir, tmp_path / "a", **sections), environment=FirstToken(line_break)
+    )
+    uninterrupted.train()
+
+    # the second run dies in step 1's collection: after the checkpoint of step 0's update, with only
+    # some of step 1's 16 rollouts written
+    killed = Trainer(
+        toy_config(toy_model_dir, tmp_path / "b", **sections), environment=KilledAfter(line_break, calls=20)
+    )
+    with pytest.raises(SimulatedKill):
+        killed.train()
+    assert [path.name for path in killed.checkpoints()] == ["step_000001"]
+    assert 0 < len(list(read_results(tmp_path / "b" / "rollouts" / "step_000001.jsonl"))) < 16
+
+    resumed = Trainer(
+        toy_config(toy_model_dir, tmp_path / "b", **sections), environment=FirstToken(line_break)
+    )
+    resumed.train()
+    assert resumed.resumed_from == 1
+
+    for (name, expected), (_, actual) in zip(
+        uninterrupted.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(expected, actual), name
+    expected_state = uninterrupted.optimizer.state_dict()["state"]
+    actual_state = resumed.optimizer.state_dict()["state"]
+    assert expected_state.keys() == actual_state.keys()
+    for key in expected_state:
+        for field in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(expected_state[key][field], actual_state[key][field]), (key, field)
+    # the same rollouts, the same metrics, step by step
+    for step in (0, 1):
+        a = sorted(
+            (r.task_id, r.sample, r.trajectory.token_ids)
+            for r in read_results(tmp_path / "a" / "rollouts" / f"step_{step:06d}.jsonl")
+        )
+        b = sorted(
+            (r.task_id, r.sample, r.trajectory.token_ids)
+            for r in read_results(tmp_path / "b" / "rollouts" / f"step_{step:06d}.jsonl")
+        )
+        assert a == b
+
+    def train_records(run):
+        records = [r for r in read_metrics(tmp_path / run / "metrics.jsonl") if r["kind"] == "train"]
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time") and "per_second" not in k}
+            for r in records
+        ]
+
+    assert train_records("a") == train_records("b")
+    assert [r["optim/updates"] for r in train_records("b")] == [1, 1]  # both steps really updated
+    state = json.loads((tmp_path / "b" / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert state["step"] == 2 and state["tasks_consumed"] == 8
+
+
+def test_lora_kl_minibatches_and_importance_correction_run_together(toy_model_dir, line_break, tmp_path):
+    config = toy_config(
+        toy_model_dir,
+        tmp_path / "lora",
+        steps=1,
+        lora={"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        algorithm={
+            "kl_coef": 0.1,
+            "mini_batches": 2,
+            "epochs": 2,
+            "tis_cap": 2.0,
+            "loss_aggregation": "sequence_mean",
+            "advantage": "rloo",
+            "drop_zero_signal_groups": False,
+        },
+        optimizer={"lr": 1e-3, "micro_batch_tokens": 64},
+        checkpoint={"every": 1, "save_final_model": True},
+    )
+    trainer = Trainer(config, environment=FirstToken(line_break))
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    trainer.train()
+
+    (record,) = [r for r in read_metrics(tmp_path / "lora" / "metrics.jsonl") if r["kind"] == "train"]
+    assert record["optim/updates"] == 4  # 2 epochs x 2 mini-batches
+    assert record["batch/micro_batches"] > 1  # the token budget forced gradient accumulation
+    assert record["mismatch/logprob_abs_diff"] < 1e-4  # recomputed before the first update
+    assert 0.99 < record["mismatch/tis_weight_mean"] <= 1.01
+    assert record["policy/kl_ref"] >= 0
+    for name, value in base_before.items():  # only the adapters train; the base is the reference
+        assert torch.equal(value, dict(trainer.model.named_parameters())[name]), name
+    saved = torch.load(tmp_path / "lora" / "checkpoints" / "step_000001" / "model.pt")
+    assert saved and all("lora_" in name for name in saved)
+    assert (tmp_path / "lora" / "final" / "adapter_config.json").exists()
+
+
+def test_a_time_limit_stops_after_the_current_step_with_a_checkpoint(toy_model_dir, line_break, tmp_path):
+    config = toy_config(toy_model_dir, tmp_path / "timed", steps=50, time_limit_minutes=1e-6)
+    summary = Trainer(config, environment=FirstToken(line_break)).train()
+    assert summary.steps == 1
+    assert sorted(path.name for path in (tmp_path / "timed" / "checkpoints").iterdir()) == ["step_000001"]

@@ -1,0 +1,60 @@
+"""A toy task a tiny random model learns in seconds: reward 1 when the reply's first token is a given id.
+
+With the tiny Qwen3 of the trainer tests and the line-break token as the target, an untrained model
+starts its reply that way about 14% of the time (its tied embeddings make it echo the prompt's last
+token, a line break); a policy that learned the task does it nearly always. The reward reads the
+Trajectory's token ids, never its text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentboost.agent.provider import RolloutLimits
+from agentboost.envs.base import Environment
+from agentboost.tokens.trajectory import Trajectory
+
+TOPICS = ["rain", "bread", "chess", "rivers", "owls", "glass", "maps", "tea", "bees", "clocks", "snow", "ink"]
+
+
+class FirstToken(Environment):
+    name = "first-token"
+    system_prompt = "Reply with one word."
+    template = "qwen3"
+    limits = RolloutLimits(max_turns=1, max_new_tokens=1)
+
+    def __init__(self, target_id: int) -> None:
+        self.target_id = target_id
+
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+        start = 0 if split == "train" else 500
+        count = 16 if n is None else n
+        return [
+            {"id": f"{split}-{seed}-{index}", "topic": f"{TOPICS[index % len(TOPICS)]} {start + index}"}
+            for index in range(count)
+        ]
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        return f"Name something about {task['topic']}."
+
+    def reward(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
+        return float(trajectory.token_ids[trajectory.prompt_length] == self.target_id)
+
+
+class SimulatedKill(BaseException):
+    """Stands in for SIGKILL in the middle of a step: nothing after it runs (not an Exception, so the
+    environment's reward guard does not catch it)."""
+
+
+class KilledAfter(FirstToken):
+    """Dies on the ``calls``-th reward, i.e. in the middle of some step's collection."""
+
+    def __init__(self, target_id: int, calls: int) -> None:
+        super().__init__(target_id)
+        self.calls_left = calls
+
+    def reward(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
+        self.calls_left -= 1
+        if self.calls_left == 0:
+            raise SimulatedKill()
+        return super().reward(trajectory, task)
