@@ -21,11 +21,11 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 async def _rollouts(args: argparse.Namespace) -> int:
     from agentboost.agent.provider import RolloutLimits
     from agentboost.engines.base import SamplingParams
-    from agentboost.envs.registry import make_environment
+    from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
     from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
 
-    environment_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
     defaults = environment.limits
     limits = RolloutLimits(

@@ -53,6 +53,8 @@ def test_bad_arguments_end_with_a_clear_error(tmp_path):
     assert result.returncode == 2 and "needs the server's address: --url" in result.stderr
     result = agentboost("rollout", "--env", "chess", cwd=tmp_path)
     assert result.returncode == 2 and "unknown environment 'chess'" in result.stderr
+    result = agentboost("rollout", "--env-kwargs", "{bad", cwd=tmp_path)
+    assert result.returncode == 2 and "--env-kwargs is not valid JSON" in result.stderr
 
 
 def test_data_to_verl_writes_parquet_from_the_command_line(tmp_path):

@@ -7,6 +7,7 @@ and veRL workers receive the reference and its keyword arguments, never a pickle
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,19 @@ def register_environment(name: str, reference: str) -> None:
 
 def environment_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def parse_json_object(text: object, what: str) -> dict[str, Any]:
+    """Parse JSON text that must be an object (e.g. ``--env-kwargs``); ConfigError naming ``what``."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} must be JSON object text, got {type(text).__name__}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{what} is not valid JSON ({error.msg}): {text[:200]!r}") from error
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object such as '{{\"difficulty\": 2}}', got {text[:200]!r}")
+    return value
 
 
 def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) -> Environment:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-from typing import Any
-
-from agentboost.errors import ConfigError
 
 
 def _cmd_data_to_verl(args: argparse.Namespace) -> int:
+    from agentboost.envs.registry import parse_json_object
     from agentboost.integrations.verl.data import write_verl_dataset
 
     path, count = write_verl_dataset(
         args.env,
         args.out,
-        environment_kwargs=_env_kwargs(args.env_kwargs),
+        environment_kwargs=parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {},
         n=args.n,
         seed=args.seed,
         split=args.split,
@@ -24,18 +21,6 @@ def _cmd_data_to_verl(args: argparse.Namespace) -> int:
     )
     print(f"{count} {args.split} tasks of {args.env} -> {path}")
     return 0
-
-
-def _env_kwargs(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"--env-kwargs is not valid JSON ({error.msg}): {text!r}") from error
-    if not isinstance(value, dict):
-        raise ConfigError(f"--env-kwargs must be a JSON object such as '{{\"difficulty\": 2}}', got {text!r}")
-    return value
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.envs.base import Environment
-from agentboost.envs.registry import make_environment
+from agentboost.envs.registry import make_environment, parse_json_object
 from agentboost.errors import ConfigError
 from agentboost.integrations.verl import AGENT_LOOP_NAME
 
@@ -161,10 +161,10 @@ def read_row(row: Mapping[str, Any]) -> RowTask:
             "`agentboost data to-verl` (or with the same extra_info fields, see docs/verl.md)"
         )
     environment = str(extra_info["environment"])
-    environment_kwargs = _json_object(
+    environment_kwargs = parse_json_object(
         extra_info.get("environment_kwargs") or "{}", "extra_info.environment_kwargs"
     )
-    task = _json_object(extra_info.get("task"), "extra_info.task")
+    task = parse_json_object(extra_info.get("task"), "extra_info.task")
     return RowTask(environment, environment_kwargs, task, str(extra_info.get("task_id") or ""))
 
 
@@ -173,18 +173,6 @@ def _json_text(value: Any, what: str) -> str:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{what} cannot be written as JSON ({error}); make it plain data") from error
-
-
-def _json_object(text: Any, what: str) -> dict[str, Any]:
-    if not isinstance(text, str):
-        raise ConfigError(f"{what} must be JSON object text, got {type(text).__name__}")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{what} is not valid JSON ({error.msg})") from error
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _check_round_trip(environment: Environment, task_data: dict[str, Any], task_id: str) -> None:
