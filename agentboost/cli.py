@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--index", type=int, default=0)
     show.set_defaults(func=_cmd_show)
 
-    from agentboost.engines.server import register_serve_command
+    from agentboost.engines.serve_command import register_serve_command
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
     from agentboost.train.cli import register_train_command
 

@@ -1,4 +1,37 @@
-"""The errors agentboost raises. Each message says what went wrong and what to do about it."""
+"""Every error agentboost raises on purpose, in one tree. Each message says what went wrong and what to do.
+
+Catch :class:`AgentBoostError` to catch them all. Where callers used to catch a builtin, the class still
+derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a ``FileNotFoundError``)::
+
+    AgentBoostError
+    ├── ConfigError (ValueError)          a setting, argument or data row is invalid
+    ├── CalculatorError (ValueError)      the calculator refuses an expression (the model reads why)
+    ├── ModelNotFoundError (FileNotFoundError)
+    ├── TokenizerError                    a tokenizer could not be built or loaded
+    ├── TemplateError                     a chat template cannot extend the token sequence exactly
+    ├── TokenBufferError (RuntimeError)   a TokenBuffer was used out of order (a bug in the caller)
+    ├── TrajectoryError (ValueError)      ids, loss mask and logprobs of a trajectory do not line up
+    ├── WireFormatError (ValueError)      a body does not follow the SGLang / vLLM wire format
+    │   ├── ResponseFormatError           ... a server's answer (the client turns it into EngineResponseError)
+    │   └── RequestFormatError            ... a request to `agentboost serve` (answered with HTTP 4xx)
+    ├── EngineError                       no generation: the rollout ends `engine_error` (retryable)
+    │   ├── ContextLengthError            no room for one more token: the rollout ends `context_full`
+    │   ├── PromptTooLongError            the first prompt is longer than veRL's prompt_length
+    │   ├── InvalidGenerationError (ValueError)  an engine returned ids and logprobs that do not pair up
+    │   ├── EngineOverloadedError         the engine refused work for now
+    │   │   └── EngineRateLimitedError    HTTP 429 until the retry budget ran out (also a RemoteEngineError)
+    │   └── RemoteEngineError             an SGLang / vLLM / `agentboost serve` request failed
+    │       ├── EngineConnectionError     unreachable, or the connection dropped
+    │       ├── EngineTimeoutError        no answer in time
+    │       ├── EngineServerError         HTTP 5xx or aborted requests
+    │       ├── EngineResponseError       a malformed or truncated answer
+    │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
+    │       └── EngineRateLimitedError
+    ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
+    ├── RolloutStop                       a limit ends a rollout at a message boundary (control flow)
+    ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
+    └── SandboxError                      the sandbox could not start or keep a worker running
+"""
 
 from __future__ import annotations
 
@@ -92,3 +125,83 @@ class EngineRequestError(RemoteEngineError):
 
 class EngineRateLimitedError(EngineOverloadedError, RemoteEngineError):
     """The server kept answering HTTP 429 (too many requests) until the retry budget ran out."""
+
+
+# --- tokens, trajectories and wire formats ---------------------------------------------------
+
+
+class TokenBufferError(AgentBoostError, RuntimeError):
+    """A :class:`~agentboost.tokens.builder.TokenBuffer` was used out of order: a bug in the caller."""
+
+
+class TrajectoryError(AgentBoostError, ValueError):
+    """A trajectory's token ids, loss mask and logprobs do not line up, so it cannot be trained on."""
+
+
+class WireFormatError(AgentBoostError, ValueError):
+    """A JSON body does not follow the SGLang or vLLM wire format (see :mod:`agentboost.engines.wire`)."""
+
+
+class ResponseFormatError(WireFormatError):
+    """A server's answer is not what the wire format promises.
+
+    ``retryable`` marks server-side faults worth another attempt (an aborted request); anything else
+    means client and server disagree on the format, which a retry will not fix. Remote engines turn it
+    into :class:`EngineResponseError` (or :class:`EngineServerError` once retries of an abort ran out).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class RequestFormatError(WireFormatError):
+    """A request to `agentboost serve` that its wire-format subset cannot honour; ``status`` is the HTTP
+    status it is answered with (400 by default, 404 for an unknown model, 429 or 500 for engine faults)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- more engine errors --------------------------------------------------------------------
+
+
+class InvalidGenerationError(EngineError, ValueError):
+    """An engine returned a generation whose ids and log-probabilities do not pair up one to one."""
+
+
+class PromptTooLongError(EngineError):
+    """The first prompt of a rollout is longer than veRL's ``rollout.prompt_length``; nothing was sent."""
+
+
+# --- rollouts and environments -------------------------------------------------------------------
+
+
+class CalculatorError(AgentBoostError, ValueError):
+    """An expression the calculator refuses: bad syntax, an unsupported construct or a limit exceeded."""
+
+
+class InvalidToolCall(AgentBoostError):
+    """Raised by the internal tool that answers malformed tool calls; its message is what the model reads."""
+
+
+class RolloutStop(AgentBoostError):
+    """Ends a rollout at a message boundary because a limit was reached. Not a failure: the rollout's
+    termination reason says which limit."""
+
+    def __init__(self, reason: object, detail: str) -> None:
+        super().__init__(f"{getattr(reason, 'value', reason)}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class WorkerCrashed(AgentBoostError):
+    """The process running a rollout died; the runner retries the rollout (termination `worker_crashed`)."""
+
+
+# --- sandbox -------------------------------------------------------------------------------
+
+
+class SandboxError(AgentBoostError):
+    """The sandbox itself could not start or keep a worker running (not a failure of the program)."""

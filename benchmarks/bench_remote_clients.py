@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.http import RemoteEngine, RetryPolicy
+from agentboost.engines.remote import RemoteEngine
 from agentboost.engines.sglang import SGLangEngine
+from agentboost.engines.transport import RetryPolicy
 from agentboost.engines.vllm import VLLMEngine
 
 STOP_ID = 2

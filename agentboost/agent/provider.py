@@ -24,17 +24,13 @@ from strands import tool
 from strands.models.model import Model
 
 from agentboost.engines.base import Engine, SamplingParams
-from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.errors import ConfigError, InvalidToolCall, RolloutStop
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, split_reasoning
 from agentboost.tokens.templates import ChatTemplate, Message, tool_specs_to_openai
 from agentboost.tokens.trajectory import TerminationReason
 
 INVALID_CALL_TOOL = "agentboost_invalid_tool_call"
-
-
-class InvalidToolCall(AgentBoostError):
-    """Raised by the internal tool that answers malformed tool calls."""
 
 
 @tool(name=INVALID_CALL_TOOL)
@@ -78,15 +74,6 @@ class RolloutLimits:
                 raise ConfigError(f"RolloutLimits.{name} must be >= 1 (or None where allowed), got {value}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"RolloutLimits.timeout_s must be > 0, got {self.timeout_s}")
-
-
-class RolloutStop(Exception):
-    """Raised inside the provider to end the rollout at a message boundary (not an error)."""
-
-    def __init__(self, reason: TerminationReason, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass

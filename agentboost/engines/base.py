@@ -9,15 +9,22 @@ Log-probability convention (the trainer must use the same one):
     truncation. With ``temperature == 0`` (greedy) ``T`` counts as 1: the log-probability under the
     untempered model. This is the distribution the sampler draws from when no truncation is set, so a
     trainer that computes ``log_softmax(logits / T)`` over the same ids reproduces these numbers.
+
+Rollouts and bindings: a rollout generates through ``engine.bind(RolloutKey(task_id, sample))`` and
+calls ``engine.unbind(key)`` when it ends (:func:`bound` does both). Engines with several servers keep
+each rollout on one server (its prefix cache then holds the rollout's growing prompt); engines with one
+backend return themselves. The key names the rollout, not the task: the GRPO samples of one task are
+different rollouts and are routed independently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, InvalidGenerationError
 
 FinishReason = Literal["stop", "length"]
 """``stop``: a stop token was generated (it is the last id). ``length``: ``max_new_tokens`` ran out."""
@@ -72,9 +79,22 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            raise InvalidGenerationError(
+                f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; "
+                "an engine must return one log-probability per generated id (check the server's "
+                "logprob settings)"
             )
+
+
+@dataclass(frozen=True)
+class RolloutKey:
+    """Names one rollout: a task and which of its samples (GRPO group member, pass@k try) this is."""
+
+    task_id: str
+    sample: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.task_id}#{self.sample}"
 
 
 @runtime_checkable
@@ -90,6 +110,31 @@ class Engine(Protocol):
         """Generate a continuation of ``prompt_ids``. Raises :class:`~agentboost.errors.EngineError`."""
         ...
 
+    def bind(self, rollout: RolloutKey) -> Engine:
+        """The engine ``rollout`` generates through until :meth:`unbind`; for one-backend engines, self."""
+        ...
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        """``rollout`` ended: forget what :meth:`bind` kept for it. Never closes the engine."""
+        ...
+
     async def aclose(self) -> None:
         """Release threads, connections and memory. Idempotent."""
         ...
+
+
+@contextmanager
+def bound(engine: Engine, rollout: RolloutKey) -> Iterator[Engine]:
+    """``engine.bind(rollout)`` for the duration of a ``with`` block, unbound when the block ends.
+
+    An engine written before ``bind`` joined the protocol (no ``bind`` method) serves the rollout itself.
+    """
+    bind = getattr(engine, "bind", None)
+    if bind is None:
+        yield engine
+        return
+    view = bind(rollout)
+    try:
+        yield view
+    finally:
+        engine.unbind(rollout)

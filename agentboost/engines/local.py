@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.errors import ContextLengthError, EngineError
 
 
@@ -100,6 +100,13 @@ class LocalEngine:
     @property
     def context_length(self) -> int | None:
         return self._context_length
+
+    def bind(self, rollout: RolloutKey) -> LocalEngine:
+        """One model serves every rollout: itself."""
+        return self
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        return None
 
     # --- public API -------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.errors import EngineError
 
 Script = Callable[[Sequence[int], int], Sequence[int]]
@@ -50,6 +50,13 @@ class ScriptedEngine:
     @property
     def context_length(self) -> int | None:
         return self._context_length
+
+    def bind(self, rollout: RolloutKey) -> ScriptedEngine:
+        """One script serves every rollout: itself."""
+        return self
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        return None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         index = self.calls

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from strands import tool
 
-from agentboost.errors import AgentBoostError
+from agentboost.errors import CalculatorError
 
 MAX_LENGTH = 500
 """Longest expression accepted, in characters."""
@@ -39,10 +39,6 @@ MAX_DIGITS = 100
 _SUPPORTED = "numbers, + - * / // % **, parentheses and the functions abs, min, max, round, sqrt"
 
 Number = int | float
-
-
-class CalculatorError(AgentBoostError, ValueError):
-    """An expression the calculator refuses: bad syntax, an unsupported construct or a limit exceeded."""
 
 
 def evaluate(expression: str) -> Number:

@@ -19,6 +19,7 @@ from typing import Any
 from agentboost.agent.provider import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
+from agentboost.errors import WorkerCrashed
 from agentboost.rollout.results import ResultStore
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -34,10 +35,6 @@ class Job:
 
 
 Execute = Callable[[Job], Awaitable[RolloutResult]]
-
-
-class WorkerCrashed(Exception):
-    """The process running a rollout died; the rollout may be retried."""
 
 
 @dataclass

@@ -7,11 +7,9 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.errors import ConfigError, SandboxError
 
-
-class SandboxError(AgentBoostError):
-    """The sandbox itself could not start or keep a worker running (not a failure of the program)."""
+__all__ = ["SandboxError"]  # re-exported: it lives in agentboost.errors
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentboost.errors import TemplateError
+from agentboost.errors import InvalidGenerationError, TemplateError, TokenBufferError
 from agentboost.tokens.parsers import THINK_CLOSE, THINK_OPEN
 from agentboost.tokens.templates import ChatTemplate, Message
 from agentboost.tokens.trajectory import Segment
@@ -100,7 +100,7 @@ class TokenBuffer:
     def start(self, messages: Sequence[Message]) -> list[int]:
         """Render the first prompt (system, tools, first user message) with the generation prompt."""
         if self.token_ids:
-            raise RuntimeError("TokenBuffer.start() called twice")
+            raise TokenBufferError("TokenBuffer.start() was called twice; make one TokenBuffer per rollout")
         messages = list(messages)
         text = self.template.render(messages, self.tools, add_generation_prompt=True)
         without_prompt = self.template.render(messages, self.tools, add_generation_prompt=False)
@@ -129,7 +129,9 @@ class TokenBuffer:
     ) -> None:
         """Append the model's own ids verbatim: loss mask 1, with their logprobs."""
         if len(ids) != len(logprobs):
-            raise ValueError(f"{len(ids)} generated ids but {len(logprobs)} logprobs")
+            raise InvalidGenerationError(
+                f"{len(ids)} generated ids but {len(logprobs)} logprobs; the engine must return one per id"
+            )
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
@@ -142,7 +144,9 @@ class TokenBuffer:
     def append_messages(self, messages: Sequence[Message]) -> list[int]:
         """Append tool results or user turns after a generated turn, with the next generation prompt."""
         if not self.segments or self.segments[-1].role != "assistant":
-            raise RuntimeError("new messages can only follow a generated assistant turn")
+            raise TokenBufferError(
+                "new messages can only follow a generated assistant turn: call append_generation() first"
+            )
         messages = list(messages)
         shape = tuple(message.get("role", "") for message in messages)
         delta = self._fill_skeleton(shape, messages) if self.template.content_verbatim else None

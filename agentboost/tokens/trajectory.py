@@ -33,7 +33,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, TrajectoryError
 
 TRAJECTORY_FORMAT = "agentboost.trajectory"
 TRAJECTORY_VERSION = 1
@@ -91,7 +91,7 @@ class Trajectory:
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise ValueError(
+            raise TrajectoryError(
                 f"trajectory {self.task_id!r}: {n} token ids, {len(self.loss_mask)} mask entries and "
                 f"{len(self.logprobs)} logprobs; all three must have the same length"
             )

@@ -38,6 +38,8 @@ from typing import Literal
 
 import torch
 
+from agentboost.errors import ConfigError
+
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "sequence_mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -114,7 +116,7 @@ def compute_advantages(
         return rloo_advantages(rewards, group_ids)
     if estimator == "reinforce_pp":
         return reinforce_pp_advantages(rewards, group_ids)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; use grpo, rloo or reinforce_pp")
+    raise ConfigError(f"unknown advantage estimator {estimator!r}; use grpo, rloo or reinforce_pp")
 
 
 # --- per-token quantities from logits ------------------------------------------------------------
@@ -151,7 +153,7 @@ def kl_penalty(
     if estimator == "k3":
         # clamp keeps exp() finite where a rare token has a huge ratio; the gradient stays exact inside it
         return torch.exp((-log_ratio).clamp(max=20.0)) + log_ratio - 1
-    raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+    raise ConfigError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
 def truncated_importance_weights(
@@ -189,7 +191,7 @@ def aggregate(
         means = per_sequence / counts.clamp(min=1)  # [B]; a sequence with no loss token adds 0
         denominator = normalizer if normalizer is not None else (counts > 0).sum().clamp(min=1)
         return means.sum() / denominator
-    raise ValueError(f"unknown loss aggregation {mode!r}; use token_mean or sequence_mean")
+    raise ConfigError(f"unknown loss aggregation {mode!r}; use token_mean or sequence_mean")
 
 
 @dataclass

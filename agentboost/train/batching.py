@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from agentboost.envs.base import RolloutResult
+from agentboost.errors import TrajectoryError
 
 
 @dataclass
@@ -64,7 +65,7 @@ def sample_from_result(
         if m and lp is None
     ]
     if missing:
-        raise ValueError(
+        raise TrajectoryError(
             f"trajectory {trajectory.task_id!r} has no logprob for generated token(s) at {missing[:5]}; "
             "the engine must return one logprob per generated token"
         )

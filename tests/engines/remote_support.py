@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.http import RetryPolicy
+from agentboost.engines.transport import RetryPolicy
 
 T = TypeVar("T")
 

@@ -13,10 +13,12 @@ import time
 import pytest
 from remote_support import BLOCK, GateEngine, ServerThread, dead_url, expected_ids, fast_retry, run
 
-from agentboost.engines.base import Engine, Generation, SamplingParams
-from agentboost.engines.http import RemoteEngine, RetryPolicy, normalize_urls
-from agentboost.engines.server import FaultConfig, start_server
+from agentboost.engines.base import Engine, Generation, RolloutKey, SamplingParams, bound
+from agentboost.engines.faults import FaultConfig
+from agentboost.engines.remote import RemoteEngine
+from agentboost.engines.server import start_server
 from agentboost.engines.sglang import SGLangEngine
+from agentboost.engines.transport import RetryPolicy, normalize_urls
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.errors import (
     ConfigError,
@@ -377,6 +379,77 @@ def test_sessions_bound_to_an_unreachable_server_move_to_a_live_one():
     assert after.metrics["attempts"] == 1  # the dead server is avoided while it stays down
 
 
+def test_grpo_siblings_of_one_task_are_bound_separately_and_never_unbind_each_other():
+    """Samples 0 and 1 of one task are two rollouts: each keeps its own server until it ends."""
+
+    async def scenario():
+        engines = [GateEngine(), GateEngine()]
+        servers = [await start_server(engine) for engine in engines]
+        by_url = dict(zip([s.url for s in servers], engines, strict=True))
+        client = _make(SGLangEngine, [s.url for s in servers])
+        first, second = RolloutKey("task-7", 0), RolloutKey("task-7", 1)
+        try:
+            view_a, view_b = client.bind(first), client.bind(second)
+            await view_a.generate(PROMPT, SAMPLING)
+            await view_b.generate(PROMPT, SAMPLING)
+            homes = (view_a.server_url, view_b.server_url)
+            client.unbind(first)  # sibling 0 finished first
+            # sibling 1's server is now the busier one: an unbound caller blocks two requests there
+            home = by_url[homes[1]]
+            blocked = [asyncio.create_task(view_b.generate([BLOCK, n], SAMPLING)) for n in range(2)]
+            await _wait_for(lambda: home.waiting == 2)
+            calls_before = home.calls
+            await view_b.generate([*PROMPT, 9], SAMPLING)  # least-loaded would pick the idle server
+            stayed = home.calls == calls_before + 1
+            home.gate.set()
+            await asyncio.gather(*blocked)
+            client.unbind(second)
+            released = (client.server_for(first), client.server_for(second))
+        finally:
+            await client.aclose()
+            for server in servers:
+                await server.close()
+        return homes, stayed, released
+
+    homes, stayed, released = run(scenario())
+    assert None not in homes and homes[0] != homes[1]  # two idle servers: the siblings are spread
+    assert stayed  # sibling 0 ending did not unbind sibling 1
+    assert released == (None, None)
+
+
+def test_views_of_one_rollout_key_are_counted():
+    async def scenario():
+        server = await start_server(GateEngine())
+        client = _make(VLLMEngine, server.url)
+        key = RolloutKey("task", 3)
+        try:
+            one, two = client.bind(key), client.bind(key)
+            await one.generate(PROMPT, SAMPLING)
+            await one.aclose()
+            still = client.server_for(key)  # the other view holds the binding
+            await two.generate(PROMPT, SAMPLING)
+            await two.aclose()
+            return still, client.server_for(key), server.url
+        finally:
+            await client.aclose()
+            await server.close()
+
+    still, after, url = run(scenario())
+    assert still == url and after is None
+
+
+def test_one_backend_engines_bind_to_themselves():
+    from agentboost.engines.scripted import ScriptedEngine
+
+    engine = ScriptedEngine([[1, 2]])
+    key = RolloutKey("t", 0)
+    assert engine.bind(key) is engine
+    with bound(engine, key) as view:
+        assert view is engine
+        generation = run(view.generate([5], SamplingParams(max_new_tokens=4, stop_token_ids=(2,))))
+    assert generation.token_ids == [1, 2]
+
+
 # --- cancellation, pools, lifecycle ----------------------------------------------------------
 
 
@@ -483,7 +556,7 @@ def test_a_closed_view_refuses_work_but_the_engine_stays_open():
 def test_remote_engines_and_bound_views_are_engines():
     for engine_class in ENGINES:
         engine = engine_class("http://127.0.0.1:1")
-        assert isinstance(engine, Engine) and isinstance(engine.bind("s"), Engine)
+        assert isinstance(engine, Engine) and isinstance(engine.bind(RolloutKey("s", 0)), Engine)
 
 
 def test_backoff_grows_exponentially_with_bounded_jitter():

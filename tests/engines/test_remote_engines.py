@@ -18,13 +18,9 @@ import pytest
 from remote_support import GateEngine, StubServer, fast_retry, load_fixture, run
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.server import (
-    FaultConfig,
-    faults_from_args,
-    register_serve_command,
-    run_serve,
-    start_server,
-)
+from agentboost.engines.faults import FaultConfig
+from agentboost.engines.serve_command import faults_from_args, register_serve_command, run_serve
+from agentboost.engines.server import start_server
 from agentboost.engines.sglang import SGLangEngine
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.errors import ConfigError, EngineResponseError

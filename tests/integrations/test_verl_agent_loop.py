@@ -18,6 +18,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -444,18 +446,39 @@ def test_engine_maps_stop_and_length_and_keeps_one_request_id():
     assert (first.token_ids, first.logprobs, first.finish_reason) == ([5, 9], [-0.1, -0.2], "stop")
     assert (second.finish_reason, second.prompt_tokens) == ("length", 6)
     assert [request[0] for request in server.requests] == ["rollout-1", "rollout-1"]
-    assert server.requests[0][2] == {
+    assert server.requests[0][2] == {  # SGLang's own sampling fields (wire.sglang), plus veRL's logprobs
         "repetition_penalty": 1.1,
         "temperature": 0.7,
         "top_p": 0.9,
         "top_k": -1,
-        "max_tokens": 4,
+        "max_new_tokens": 4,
         "stop_token_ids": [9],
         "ignore_eos": True,
-        "logprobs": True,
         "no_stop_trim": True,  # SGLang only: keep the stop id in output_ids
+        "skip_special_tokens": False,
+        "logprobs": True,
     }
     assert (engine.num_preempted, engine.min_global_steps, engine.max_global_steps) == (1, 3, 4)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_engine_sends_only_the_backends_documented_sampling_fields(backend):
+    """veRL forwards sampling_params to the backend's own sampling parameters: the fixtures list them."""
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    if backend == "vllm":
+        documented = json.loads((fixtures / "vllm_completions_request.json").read_text())["documented_fields"]
+    else:
+        documented = json.loads((fixtures / "sglang_generate_request.json").read_text())[
+            "documented_sampling_fields"
+        ]
+    server = CannedServer(TokenOutput(token_ids=[9], log_probs=[-0.1], stop_reason="completed"))
+    engine = VerlServerEngine(server, request_id="r", backend=backend)
+    run(engine.generate([1, 2, 3], replace(SAMPLING, seed=7)))
+    params = dict(server.requests[0][2])
+    assert params.pop("logprobs") is True  # veRL's own switch, popped before the backend sees the rest
+    assert set(params) <= set(documented), set(params) - set(documented)
+    assert params["stop_token_ids"] == [9] and params["ignore_eos"] is True
+    assert params["seed" if backend == "vllm" else "sampling_seed"] == 7
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,12 @@ veRL's agent-loop worker hands each loop a server manager whose
 ONE rollout: every turn goes out under the same ``request_id``, so the manager keeps the rollout on one
 server and its prefix cache.
 
-Each request asks for exactly what the Engine protocol needs:
+Each request's ``sampling_params`` are the backend's own sampling fields, built by the same functions the
+SGLang and vLLM clients use (:func:`agentboost.engines.wire.sglang.sampling_params`,
+:func:`agentboost.engines.wire.vllm.sampling_params`), plus veRL's ``logprobs`` switch:
 
 * ``stop_token_ids`` = the provider's stop ids and ``ignore_eos = True``: the server stops only there or
-  at ``max_tokens``, so ``finish_reason`` is ``stop`` exactly when the last id is a stop id;
+  at the token budget, so ``finish_reason`` is ``stop`` exactly when the last id is a stop id;
 * ``logprobs = True``: one log-probability per generated id, whatever ``rollout.calculate_log_probs`` says;
 * SGLang also gets ``no_stop_trim = True`` so the stop id stays in ``output_ids``.
 
@@ -28,8 +30,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentboost.engines.base import Generation, SamplingParams
-from agentboost.errors import EngineError
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.wire import sglang as sglang_wire
+from agentboost.engines.wire import vllm as vllm_wire
+from agentboost.errors import EngineError, PromptTooLongError
 
 _ABORTED = frozenset({"aborted", "abort"})
 _OWN_KEYS = frozenset(
@@ -42,12 +46,13 @@ _OWN_KEYS = frozenset(
         "stop_token_ids",
         "logprobs",
         "ignore_eos",
+        "no_stop_trim",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "seed",
+        "sampling_seed",
     }
 )
-
-
-class PromptTooLongError(EngineError):
-    """The first prompt of a rollout is longer than veRL's ``rollout.prompt_length``; nothing was sent."""
 
 
 class VerlServerEngine:
@@ -92,18 +97,12 @@ class VerlServerEngine:
 
     def sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
         """The ``sampling_params`` dict veRL's vLLM / SGLang servers accept for one request."""
-        params = dict(self.extra_sampling)
-        params.update(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1 is "off" for vLLM and SGLang
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=list(sampling.stop_token_ids),
-            ignore_eos=True,
-            logprobs=True,
-        )
+        params: dict[str, Any] = dict(self.extra_sampling)
         if self.backend == "sglang":
-            params["no_stop_trim"] = True
+            params.update(sglang_wire.sampling_params(sampling, sampling.max_new_tokens))
+        else:
+            params.update(vllm_wire.sampling_params(sampling, sampling.max_new_tokens))
+        params["logprobs"] = True  # veRL's switch for one log-probability per generated id
         return params
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
@@ -133,6 +132,13 @@ class VerlServerEngine:
             self.generate_s += time.perf_counter() - started
         self._record(output)
         return self._generation(output, prompt, sampling)
+
+    def bind(self, rollout: RolloutKey) -> VerlServerEngine:
+        """Already one rollout's view (one ``request_id``): itself."""
+        return self
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None
