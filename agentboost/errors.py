@@ -27,6 +27,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       ├── EngineResponseError       a malformed or truncated answer
     │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
     │       └── EngineRateLimitedError
+    ├── EnvironmentStepError              an environment step failed: the rollout ends `env_error`
     ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
     ├── RolloutStop                       a limit ends a rollout at a message boundary (control flow)
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
@@ -46,6 +47,13 @@ class ConfigError(AgentBoostError, ValueError):
 
 class ModelNotFoundError(AgentBoostError, FileNotFoundError):
     """A model directory or package could not be found locally."""
+
+
+class EnvironmentStepError(AgentBoostError):
+    """An environment's own step failed during a rollout (e.g. ``next_user_message`` raised).
+
+    Ends the rollout with termination ``env_error``; fix the environment (its message names the step).
+    """
 
 
 # --- engines -----------------------------------------------------------------------------
