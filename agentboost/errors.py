@@ -29,7 +29,6 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       └── EngineRateLimitedError
     ├── EnvironmentStepError              an environment step failed: the rollout ends `env_error`
     ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
-    ├── RolloutStop                       a limit ends a rollout at a message boundary (control flow)
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
     └── SandboxError                      the sandbox could not start or keep a worker running
 """
@@ -192,16 +191,6 @@ class CalculatorError(AgentBoostError, ValueError):
 
 class InvalidToolCall(AgentBoostError):
     """Raised by the internal tool that answers malformed tool calls; its message is what the model reads."""
-
-
-class RolloutStop(AgentBoostError):
-    """Ends a rollout at a message boundary because a limit was reached. Not a failure: the rollout's
-    termination reason says which limit."""
-
-    def __init__(self, reason: object, detail: str) -> None:
-        super().__init__(f"{getattr(reason, 'value', reason)}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class WorkerCrashed(AgentBoostError):

@@ -6,8 +6,9 @@ machine barely move them; everything runs in that one thread (the tool is async)
 A zero-latency scripted engine always answers with one tool call, so a rollout of N turns is N model
 calls and N tool calls with no generation cost. Our share is the time inside TokenModel.stream
 (reading new messages, rendering and tokenizing the delta, decoding and parsing the turn, building
-events) minus the engine's own time; the SDK's share is everything else per call (its history
-copies and normalisation, tool execution machinery, event loop).
+events) minus the engine's own time, plus the time in RolloutGuard's hooks (limits and termination,
+and taking each turn's tool results into the token buffer); the SDK's share is everything else per
+call (its history copies and normalisation, tool execution machinery, hook dispatch, event loop).
 
     python benchmarks/bench_provider_overhead.py [--repeats 3]
 """
@@ -22,6 +23,7 @@ import time
 from strands import tool
 
 from agentboost.agent import provider as provider_module
+from agentboost.agent import termination as termination_module
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
@@ -58,6 +60,20 @@ async def _timed_stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         yield event
 
 
+def _timed_hook(method):  # type: ignore[no-untyped-def]
+    """Time a RolloutGuard hook callback as ours."""
+
+    def timed(self, event):  # type: ignore[no-untyped-def]
+        global _ours
+        started = time.thread_time()
+        try:
+            return method(self, event)
+        finally:
+            _ours += time.thread_time() - started
+
+    return timed
+
+
 def measure(tokenizer, turns: int) -> tuple[float, float]:
     global _ours
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -88,6 +104,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     provider_module.TokenModel.stream = _timed_stream  # type: ignore[method-assign]
+    guard = termination_module.RolloutGuard
+    for name in ("_after_model_call", "_before_tools", "_after_tools"):
+        setattr(guard, name, _timed_hook(getattr(guard, name)))
     tokenizer = load_qwen3_tokenizer()
     measure(tokenizer, 5)  # warm-up: imports, template compilation
     rows = {}

@@ -6,6 +6,11 @@ keeps its own :class:`~agentboost.tokens.builder.TokenBuffer` for the rollout: i
 SDK's messages only what is new since its last turn (tool results, user turns), and hands the
 engine the exact ids. One TokenModel serves one rollout.
 
+Its one job is that translation: Strands messages in, tokens to the engine, tokens back as Strands
+stream events (and a chat view of the rollout). How many tokens a turn may generate comes from
+``turn_budget``; when to stop, and why, is :mod:`agentboost.agent.termination`'s (a Strands hook
+provider), which reads :attr:`TokenModel.last_turn`.
+
 Malformed tool calls are not repaired. They reach Strands as calls to an internal tool whose only
 job is to fail, so the model reads an error tool result that says what was wrong and the loop
 continues; the internal tool is never shown to the model.
@@ -16,20 +21,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from strands import tool
 from strands.models.model import Model
 
-from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Engine, SamplingParams
-from agentboost.errors import ConfigError, InvalidToolCall, RolloutStop
+from agentboost.engines.base import Engine, FinishReason, SamplingParams
+from agentboost.errors import ConfigError, InvalidToolCall
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, split_reasoning
 from agentboost.tokens.templates import ChatTemplate, Message, tool_specs_to_openai
-from agentboost.tokens.trajectory import TerminationReason
 
 INVALID_CALL_TOOL = "agentboost_invalid_tool_call"
 
@@ -42,6 +45,27 @@ def invalid_tool_call(error: str) -> str:
         error: What was wrong with the call.
     """
     raise InvalidToolCall(error)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What the last model turn was, for the hooks that decide whether the rollout goes on."""
+
+    new_tokens: int
+    finish_reason: FinishReason
+    budget: int
+    """The most new tokens the turn was allowed (``turn_budget``)."""
+    tool_calls: int
+    """Well-formed tool calls the turn asked for (malformed ones are answered with an error)."""
+
+
+def count_tool_calls(message: Mapping[str, Any]) -> int:
+    """Well-formed tool calls in an assistant message (the internal invalid-call tool excluded)."""
+    return sum(
+        1
+        for block in message.get("content", ())
+        if "toolUse" in block and block["toolUse"].get("name") != INVALID_CALL_TOOL
+    )
 
 
 @dataclass
@@ -76,32 +100,32 @@ class TokenModel(Model):
         parser: ToolCallParser,
         *,
         sampling: SamplingParams,
-        limits: RolloutLimits,
         stop_token_ids: Sequence[int],
-        stop: Any = None,
+        turn_budget: Callable[[TokenBuffer], int] | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.template = template
         self.parser = parser
         self.sampling = sampling
-        self.limits = limits
-        self.stop = stop
-        """A StopSignal: when set, the rollout ends before the next model turn."""
+        self.turn_budget = turn_budget or (lambda _buffer: self.sampling.max_new_tokens)
+        """How many new tokens the next turn may have, given the buffer (the rollout's limits decide)."""
         self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids]))
         self.buffer: TokenBuffer | None = None
         self.messages: list[Message] = []
         """The chat view of the rollout, for people and rewards."""
-        self.termination: TerminationReason | None = None
-        self.termination_detail: str | None = None
-        self.turns = 0
-        self.tool_calls = 0
-        self.parse_errors = 0
+        self.last_turn: TurnRecord | None = None
         self.engine_s = 0.0
+        """Seconds spent awaiting the engine."""
         self._tool_schemas: dict[str, Any] = {}
         self._consumed = 0
         self._pending: list[_PendingCall] = []
         self._seed = sampling.seed
+
+    @property
+    def turns(self) -> int:
+        """Model turns generated so far."""
+        return self.buffer.turn if self.buffer is not None else 0
 
     # --- Strands Model interface ----------------------------------------------------------------
 
@@ -127,25 +151,10 @@ class TokenModel(Model):
         tool_choice: Any = None,
         **kwargs: Any,
     ) -> AsyncGenerator[dict[str, Any], None]:
-        if self.stop is not None and self.stop.is_set and self.buffer is not None:
-            # the environment ended the rollout after this turn's tools: the sequence ends on the
-            # model's turn; finish() adds the tool results to the chat view only
-            self.record_termination(self.stop.reason, self.stop.detail)
-            raise RolloutStop(self.stop.reason, self.stop.detail)
-        if self.buffer is None:
-            self._start(messages, tool_specs or (), system_prompt)
-        else:
-            self._take_new_messages(messages)
+        self.take_new_messages(messages, tool_specs, system_prompt)
         buffer = self.buffer
         assert buffer is not None
-        if self.turns >= self.limits.max_turns:
-            raise RolloutStop(TerminationReason.MAX_TURNS, f"{self.turns} turns ran (max_turns)")
-        room = self._room()
-        if room < 1:
-            raise RolloutStop(
-                TerminationReason.CONTEXT_FULL, f"{len(buffer.token_ids)} tokens leave no room in the context"
-            )
-        budget = min(self.limits.max_new_tokens, room)
+        budget = self.turn_budget(buffer)
         seed = None if self._seed is None else self._seed + self.turns
         sampling = replace(
             self.sampling, max_new_tokens=budget, stop_token_ids=self.stop_token_ids, seed=seed
@@ -166,44 +175,25 @@ class TokenModel(Model):
             assistant["reasoning_content"] = reasoning
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
-        if generation.finish_reason == "length":
-            clamped = budget < self.limits.max_new_tokens
-            self.record_termination(
-                TerminationReason.CONTEXT_FULL if clamped else TerminationReason.MAX_TOKENS,
-                f"the turn reached {len(ids)} new tokens without a stop token",
-            )
-        else:
+        if generation.finish_reason != "length":  # a turn cut short is not read for tool calls
             parsed = self.parser.parse(visible, self._tool_schemas)
             assistant["content"] = parsed.content
             calls, errors = parsed.tool_calls, parsed.errors
         if unclosed:
             errors.append(ParseError("unclosed_think", "the turn ended inside <think> without </think>."))
-        self.parse_errors += len(errors)
         buffer.append_generation(
             ids,
             generation.logprobs,
             finish_reason=generation.finish_reason,
             parse_errors=[error.kind for error in errors],
         )
-        self.turns += 1
         answerable = [error for error in errors if error.kind != "unclosed_think"]
-        if (
-            self.limits.max_tool_calls is not None
-            and self.tool_calls + len(calls) > self.limits.max_tool_calls
-        ):
-            self.record_termination(
-                TerminationReason.MAX_TOOL_CALLS,
-                f"the turn asked for {len(calls)} tool calls; "
-                f"{self.limits.max_tool_calls - self.tool_calls} of max_tool_calls were left",
-            )
-        if self.termination is not None:
-            calls, answerable = [], []
         self._pending = [_PendingCall(f"call_{uuid.uuid4().hex[:12]}", call.name) for call in calls]
         self._pending += [
             _PendingCall(f"call_{uuid.uuid4().hex[:12]}", INVALID_CALL_TOOL, self._error_text(error))
             for error in answerable
         ]
-        self.tool_calls += len(calls)
+        self.last_turn = TurnRecord(len(ids), generation.finish_reason, budget, len(calls))
         if calls:
             assistant["tool_calls"] = [
                 {
@@ -222,18 +212,6 @@ class TokenModel(Model):
             yield event
 
     # --- internals --------------------------------------------------------------------------------
-
-    def _room(self) -> int:
-        assert self.buffer is not None
-        limits = [value for value in (self.limits.max_total_tokens, self.engine.context_length) if value]
-        if self.limits.max_response_tokens is not None:
-            limits.append(self.buffer.segments[0].end + self.limits.max_response_tokens)
-        return (min(limits) if limits else 1 << 62) - len(self.buffer.token_ids)
-
-    def record_termination(self, reason: TerminationReason, detail: str) -> None:
-        """Remember why the rollout ends; the first reason recorded wins."""
-        if self.termination is None:
-            self.termination, self.termination_detail = reason, detail
 
     @staticmethod
     def _error_text(error: ParseError) -> str:
@@ -262,9 +240,22 @@ class TokenModel(Model):
         self.messages = chat
         self._consumed = len(messages)
 
-    def _take_new_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
-        """Append what arrived since our last turn (tokens and chat view), before the next generation."""
-        assert self.buffer is not None
+    def take_new_messages(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tool_specs: Sequence[Mapping[str, Any]] | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        """Tokenize what arrived since our last turn (the first prompt, tool results, user turns).
+
+        Idempotent: messages already taken are skipped, so a hook may take a turn's tool results as
+        soon as they exist (to check the room they leave) and the next model call finds nothing new.
+        """
+        if self.buffer is None:
+            self._start(messages, tool_specs or (), system_prompt)
+            return
+        if len(messages) <= self._consumed:
+            return
         new = self._collect_new(messages)
         if new:
             self.buffer.append_messages(new)

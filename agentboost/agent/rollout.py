@@ -5,12 +5,16 @@ retries. The SDK's event loop recurses once per model turn (it dies near 320 tur
 default recursion limit), so the agent runs in chunks of ``_TURNS_PER_INVOCATION`` turns: the SDK's
 own ``limits={"turns": ...}`` stops it cleanly after a turn's tools ran, and the next invocation
 continues from the same history.
+
+Three parts meet here, each with one job: :class:`~agentboost.agent.provider.TokenModel` translates
+between the token buffer and Strands events, :class:`~agentboost.agent.termination.RolloutGuard` (a
+Strands hook provider) enforces the limits and records why the rollout ends, and the engine's
+:meth:`~agentboost.engines.base.Engine.bind` keeps the rollout's turns on one server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,15 +24,10 @@ from strands import Agent
 from strands.agent.conversation_manager import NullConversationManager
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.provider import RolloutStop, TokenModel, invalid_tool_call
-from agentboost.engines.base import Engine, SamplingParams
-from agentboost.errors import (
-    ConfigError,
-    ContextLengthError,
-    EngineError,
-    EnvironmentStepError,
-    TemplateError,
-)
+from agentboost.agent.provider import TokenModel, invalid_tool_call
+from agentboost.agent.termination import RolloutGuard, StopSignal, classify_error
+from agentboost.engines.base import Engine, RolloutKey, SamplingParams, bound
+from agentboost.errors import ConfigError, EngineError, EnvironmentStepError
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -48,34 +47,7 @@ class UserTurn:
     """Why the conversation ended (recorded as the termination detail), e.g. ``###STOP###``."""
 
 
-class StopSignal:
-    """Lets an environment end a rollout at the next message boundary (before the next model turn)."""
-
-    def __init__(self) -> None:
-        self.reason: TerminationReason | None = None
-        self.detail: str | None = None
-
-    def set(self, reason: TerminationReason, detail: str) -> None:
-        """Ask the rollout to end with ``reason``; the first request wins."""
-        if self.reason is None:
-            self.reason, self.detail = reason, detail
-
-    @property
-    def is_set(self) -> bool:
-        return self.reason is not None
-
-
 NextUserMessage = Callable[[list[dict[str, Any]]], Awaitable[UserTurn | str | None]]
-
-
-class _QuietRolloutStops(logging.Filter):
-    """A limit ending a rollout is not an SDK failure: keep the SDK from logging it as one."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "RolloutStop" not in record.getMessage()
-
-
-logging.getLogger("strands.event_loop.event_loop").addFilter(_QuietRolloutStops())
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
@@ -87,26 +59,6 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
-
-
-def _classify(error: BaseException) -> tuple[TerminationReason, str] | None:
-    """Find our own exception inside whatever the SDK wrapped it in."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, RolloutStop):
-            return current.reason, current.detail
-        if isinstance(current, ContextLengthError):
-            return TerminationReason.CONTEXT_FULL, str(current)
-        if isinstance(current, EngineError):
-            return TerminationReason.ENGINE_ERROR, f"{type(current).__name__}: {current}"
-        if isinstance(current, TemplateError):
-            return TerminationReason.TEMPLATE_ERROR, str(current)
-        if isinstance(current, EnvironmentStepError):
-            return TerminationReason.ENV_ERROR, str(current)
-        current = current.__cause__ or current.__context__
-    return None
 
 
 async def run_agent(
@@ -160,125 +112,122 @@ async def run_agent(
     history = [
         {"role": message["role"], "content": [{"text": message["content"]}]} for message in conversation[:-1]
     ]
-    bind = getattr(engine, "bind", None)
-    if callable(bind):  # remote engines: keep every turn of this rollout on one server (prefix cache)
-        engine = bind(f"{task_id}#{sample}")
-    chat_template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
-    model = TokenModel(
-        engine,
-        tokenizer,
-        chat_template,
-        get_parser(parser),
-        sampling=sampling,
-        limits=limits,
-        stop_token_ids=stop_token_ids(tokenizer),
-        stop=stop,
-    )
-    agent = Agent(
-        model=model,
-        messages=history,
-        tools=[*tools, invalid_tool_call],
-        hooks=list(hooks),
-        system_prompt=system_prompt,
-        callback_handler=None,
-        conversation_manager=NullConversationManager(),
-        retry_strategy=None,
-    )
-
-    async def drive() -> None:
-        next_prompt: str | None = conversation[-1]["content"]
-        while True:
-            remaining = limits.max_turns - model.turns
-            if remaining <= 0:
-                model.record_termination(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
-                return
-            turns = min(_TURNS_PER_INVOCATION, remaining)
-            result = await agent.invoke_async(next_prompt, limits={"turns": turns})
-            next_prompt = None
-            if result.stop_reason == "limit_turns":
-                continue
-            if result.stop_reason != "end_turn" or model.termination is not None or stop.is_set:
-                return
-            if next_user_message is None:
-                return
-            if limits.max_turns - model.turns <= 0:
-                model.record_termination(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
-                return
-            try:
-                turn = await next_user_message(list(model.messages))
-            except EngineError:
-                raise
-            except Exception as error:
-                raise EnvironmentStepError(
-                    f"next_user_message raised {type(error).__name__}: {error}"
-                ) from error
-            if turn is None:
-                return
-            if isinstance(turn, str):
-                turn = UserTurn(turn)
-            if not isinstance(turn, UserTurn) or not isinstance(turn.content, str):
-                raise EnvironmentStepError(
-                    f"next_user_message must return text, a UserTurn or None, got {turn!r:.200}"
-                )
-            if turn.ends_conversation:
-                model.messages.append({"role": "user", "content": turn.content})
-                stop.set(TerminationReason.USER_ENDED, turn.detail or "the user ended the conversation")
-                return
-            next_prompt = turn.content
-
-    started = time.perf_counter()
-    reason, detail = TerminationReason.COMPLETED, None
-    try:
-        if limits.timeout_s is None:
-            await drive()
-        else:
-            await asyncio.wait_for(drive(), timeout=limits.timeout_s)
-    except asyncio.TimeoutError:
-        reason, detail = TerminationReason.TIMEOUT, f"the rollout ran past {limits.timeout_s} s"
-    except Exception as error:
-        reason, detail = _classify(error) or (
-            TerminationReason.AGENT_ERROR,
-            f"{type(error).__name__}: {error}",
+    with bound(engine, RolloutKey(task_id, sample)) as engine:  # one server per rollout (prefix cache)
+        chat_template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
+        model = TokenModel(
+            engine,
+            tokenizer,
+            chat_template,
+            get_parser(parser),
+            sampling=sampling,
+            stop_token_ids=stop_token_ids(tokenizer),
         )
-    finally:
-        if callable(bind):
-            await engine.aclose()  # a bound view only forgets its binding
-    if reason in (TerminationReason.COMPLETED, TerminationReason.TIMEOUT) or model.termination is not None:
-        model.finish(agent.messages)
-    if model.termination is not None and reason is TerminationReason.COMPLETED:
-        reason, detail = model.termination, model.termination_detail
-    elif stop.reason is not None and reason is TerminationReason.COMPLETED:
-        reason, detail = stop.reason, stop.detail
-    elapsed = time.perf_counter() - started
-    if tool_metadata:
-        for message in model.messages:
-            if message.get("role") == "tool" and message.get("tool_call_id") in tool_metadata:
-                message["metadata"] = tool_metadata[message["tool_call_id"]]
-    if strands_messages is not None:
-        strands_messages.extend(agent.messages)
+        guard = RolloutGuard(model, limits, stop)
+        model.turn_budget = guard.turn_budget
+        agent = Agent(
+            model=model,
+            messages=history,
+            tools=[*tools, invalid_tool_call],
+            hooks=[guard, *hooks],
+            system_prompt=system_prompt,
+            callback_handler=None,
+            conversation_manager=NullConversationManager(),
+            retry_strategy=None,
+        )
 
-    buffer = model.buffer
-    token_ids = buffer.token_ids if buffer else []
-    loss_mask = buffer.loss_mask if buffer else []
-    generated = sum(loss_mask)
-    return Trajectory(
-        task_id=task_id,
-        messages=model.messages,
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        logprobs=buffer.logprobs if buffer else [],
-        segments=buffer.segments if buffer else [],
-        termination=reason,
-        termination_detail=detail,
-        metrics={
-            "turns": model.turns,
-            "tool_calls": model.tool_calls,
-            "parse_errors": model.parse_errors,
-            "generated_tokens": generated,
-            "prompt_tokens": buffer.segments[0].end if buffer and buffer.segments else 0,
-            "total_tokens": len(token_ids),
-            "latency_s": elapsed,
-            "engine_s": model.engine_s,
-        },
-        info={"template": chat_template.name, "parser": parser, **(info or {})},
-    )
+        async def drive() -> None:
+            next_prompt: str | None = conversation[-1]["content"]
+            while True:
+                remaining = limits.max_turns - model.turns
+                if remaining <= 0:
+                    guard.record(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
+                    return
+                turns = min(_TURNS_PER_INVOCATION, remaining)
+                result = await agent.invoke_async(next_prompt, limits={"turns": turns})
+                next_prompt = None
+                if result.stop_reason == "limit_turns":
+                    continue
+                if result.stop_reason != "end_turn" or guard.termination is not None or stop.is_set:
+                    return
+                if next_user_message is None:
+                    return
+                if limits.max_turns - model.turns <= 0:
+                    guard.record(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
+                    return
+                try:
+                    turn = await next_user_message(list(model.messages))
+                except EngineError:
+                    raise
+                except Exception as error:
+                    raise EnvironmentStepError(
+                        f"next_user_message raised {type(error).__name__}: {error}"
+                    ) from error
+                if turn is None:
+                    return
+                if isinstance(turn, str):
+                    turn = UserTurn(turn)
+                if not isinstance(turn, UserTurn) or not isinstance(turn.content, str):
+                    raise EnvironmentStepError(
+                        f"next_user_message must return text, a UserTurn or None, got {turn!r:.200}"
+                    )
+                if turn.ends_conversation:
+                    model.messages.append({"role": "user", "content": turn.content})
+                    stop.set(TerminationReason.USER_ENDED, turn.detail or "the user ended the conversation")
+                    return
+                next_prompt = turn.content
+
+        started = time.perf_counter()
+        reason, detail = TerminationReason.COMPLETED, None
+        try:
+            if limits.timeout_s is None:
+                await drive()
+            else:
+                await asyncio.wait_for(drive(), timeout=limits.timeout_s)
+        except asyncio.TimeoutError:
+            reason, detail = TerminationReason.TIMEOUT, f"the rollout ran past {limits.timeout_s} s"
+        except Exception as error:
+            reason, detail = classify_error(error) or (
+                TerminationReason.AGENT_ERROR,
+                f"{type(error).__name__}: {error}",
+            )
+        stopped = guard.termination is not None
+        if reason in (TerminationReason.COMPLETED, TerminationReason.TIMEOUT) or stopped:
+            model.finish(agent.messages)
+        if guard.termination is not None and reason is TerminationReason.COMPLETED:
+            reason, detail = guard.termination, guard.termination_detail
+        elif stop.reason is not None and reason is TerminationReason.COMPLETED:
+            reason, detail = stop.reason, stop.detail
+        elapsed = time.perf_counter() - started
+        if tool_metadata:
+            for message in model.messages:
+                if message.get("role") == "tool" and message.get("tool_call_id") in tool_metadata:
+                    message["metadata"] = tool_metadata[message["tool_call_id"]]
+        if strands_messages is not None:
+            strands_messages.extend(agent.messages)
+
+        buffer = model.buffer
+        token_ids = buffer.token_ids if buffer else []
+        loss_mask = buffer.loss_mask if buffer else []
+        generated = sum(loss_mask)
+        segments = buffer.segments if buffer else []
+        return Trajectory(
+            task_id=task_id,
+            messages=model.messages,
+            token_ids=token_ids,
+            loss_mask=loss_mask,
+            logprobs=buffer.logprobs if buffer else [],
+            segments=buffer.segments if buffer else [],
+            termination=reason,
+            termination_detail=detail,
+            metrics={
+                "turns": model.turns,
+                "tool_calls": guard.tool_calls,
+                "parse_errors": sum(len(segment.parse_errors) for segment in segments),
+                "generated_tokens": generated,
+                "prompt_tokens": buffer.segments[0].end if buffer and buffer.segments else 0,
+                "total_tokens": len(token_ids),
+                "latency_s": elapsed,
+                "engine_s": model.engine_s,
+            },
+            info={"template": chat_template.name, "parser": parser, **(info or {})},
+        )

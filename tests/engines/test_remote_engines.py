@@ -539,3 +539,65 @@ def test_multi_turn_tool_calling_rollouts_are_identical_in_process_and_through_b
     local, via_sglang, via_vllm = run(_three_ways(make_engine, work), timeout=120)
     assert local.metrics["turns"] == 3 and local.metrics["tool_calls"] == 2
     _assert_same_trajectories(local, [via_sglang, via_vllm])
+
+
+def test_grpo_siblings_of_one_task_each_keep_their_own_server_through_whole_rollouts(qwen_tokenizer, say):
+    """Two samples of one task, run at once over two servers: each rollout's turns all go to one server,
+    the siblings are spread over both, and the first to finish does not unbind the other."""
+    from conftest import QUESTION, SYSTEM, add
+
+    from agentboost.agent.limits import RolloutLimits
+    from agentboost.agent.rollout import run_agent
+    from agentboost.engines.scripted import ScriptedEngine
+
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+    def script(_prompt, _index):  # not used: the seed picks the answer below
+        raise AssertionError
+
+    class SiblingEngine(ScriptedEngine):
+        """Sample 0 answers at once; sample 1 calls a tool three times first (its seed says which)."""
+
+        async def generate(self, prompt_ids, sampling):
+            sample, turn = divmod(sampling.seed, 1000)
+            self._script = lambda _p, _i: say("Answer: 3" if sample == 0 or turn >= 3 else call)
+            return await super().generate(prompt_ids, sampling)
+
+    async def scenario():
+        engines = [SiblingEngine(script, context_length=4096) for _ in range(2)]
+        servers = [await start_server(engine) for engine in engines]
+        for server in servers:
+            server.stats.record_bodies = True
+        client = SGLangEngine([s.url for s in servers], retry=fast_retry())
+        try:
+            trajectories = await asyncio.gather(
+                *(
+                    run_agent(
+                        client,
+                        qwen_tokenizer,
+                        QUESTION,
+                        system_prompt=SYSTEM,
+                        tools=[add],
+                        template="qwen3",
+                        sampling=SamplingParams(temperature=0.0, seed=1000 * sample),
+                        limits=RolloutLimits(max_turns=8, max_new_tokens=64),
+                        task_id="task-1",
+                        sample=sample,
+                    )
+                    for sample in (0, 1)
+                )
+            )
+        finally:
+            await client.aclose()
+            for server in servers:
+                await server.close()
+        served = [
+            sorted({body["sampling_params"]["sampling_seed"] // 1000 for body in server.stats.bodies})
+            for server in servers
+        ]
+        return trajectories, served, [len(server.stats.bodies) for server in servers]
+
+    trajectories, served, counts = run(scenario())
+    assert [t.metrics["turns"] for t in trajectories] == [1, 4]
+    assert sorted(served) == [[0], [1]]  # each server saw one sibling only, and both were used
+    assert sorted(counts) == [1, 4]
