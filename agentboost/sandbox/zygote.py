@@ -677,6 +677,11 @@ def _init_main(
     zygote: Zygote, job: dict, fds: list[int], status_w: int, workdir: str, enabled: dict, probe: bool
 ) -> int:
     """Body of the job's init process; returns its exit code. Runs as root when the zygote does."""
+    # Every descriptor init needs goes above the fixed slots (0-5) it is about to fill, so that filling
+    # one slot never closes a descriptor another slot (or the namespace set-up) still needs.
+    fds = [_lift(fd) for fd in fds]
+    status_w = _lift(status_w)
+    template_ns = _lift(zygote.template_ns) if zygote.template_ns >= 0 else -1
     payload_r, stdin_r, stdout_w, stderr_w = fds[:JOB_FDS]
     graded = len(fds) > JOB_FDS
     try:
@@ -697,8 +702,8 @@ def _init_main(
             steps.failed["ipc_limits"] = _unavailable("ipc_limits", OSError(errno.EPERM, "no IPC namespace"))
         steps.run("ipc_limits", _zero_ipc_limits)
         job_dir = workdir
-        if zygote.template_ns >= 0 and enabled.get("pid_namespace") and "pid_namespace" not in steps.failed:
-            steps.run("minimal_filesystem", _enter_minimal_root, zygote, job)
+        if template_ns >= 0 and enabled.get("pid_namespace") and "pid_namespace" not in steps.failed:
+            steps.run("minimal_filesystem", _enter_minimal_root, zygote, template_ns, job)
             if enabled.get("minimal_filesystem") and "minimal_filesystem" not in steps.failed:
                 job_dir = JOB_DIR
         elif probe:
@@ -779,9 +784,14 @@ def _needs_pid_namespace() -> str:
     return _unavailable("minimal_filesystem", error)
 
 
-def _enter_minimal_root(zygote: Zygote, job: dict) -> None:
+def _lift(fd: int) -> int:
+    """A close-on-exec duplicate of ``fd`` numbered 10 or above."""
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+
+
+def _enter_minimal_root(zygote: Zygote, template_ns: int, job: dict) -> None:
     """Enter a private copy of the zygote's minimal root, with this job's /proc and a fresh /job tmpfs."""
-    _check(_libc.setns(zygote.template_ns, CLONE_NEWNS), "setns(minimal root)")
+    _check(_libc.setns(template_ns, CLONE_NEWNS), "setns(minimal root)")
     _unshare(CLONE_NEWNS, "unshare(CLONE_NEWNS)")  # a copy: what this job mounts stays its own
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     owner = f",uid={zygote.uid},gid={zygote.uid}" if zygote.root else ""
