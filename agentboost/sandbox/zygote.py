@@ -369,8 +369,9 @@ class Zygote:
         self.checker_uid = self.uid + config["uid_count"] if self.root else self.uid
         self.expose = _inaccessible_interpreter_paths() if self.root else {}
         self.template_ns = -1
-        self.template_error = ""
+        self.template_error = _unavailable("minimal_filesystem", OSError(errno.EPERM, "needs root"))
         if self.root:
+            self.template_error = ""
             try:
                 self.template_ns = _build_minimal_root(self.mount_point, self.uid, self.checker_uid)
             except OSError as error:
