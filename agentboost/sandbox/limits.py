@@ -78,8 +78,9 @@ class SandboxStatus(str, Enum):
     RUNTIME_ERROR = "runtime_error"
     """A non-zero exit code: an uncaught exception (traceback in stderr), sys.exit(n), a syntax error."""
     TIMEOUT = "timeout"
-    """Killed at the wall-clock timeout, or at the CPU-time limit (its CPU time, as the kernel counted it,
-    reached the limit: a program that sends itself SIGXCPU is ``killed``)."""
+    """Killed at the wall-clock timeout, or at the CPU-time limit (SIGXCPU or SIGKILL with its CPU time, as
+    the kernel reports it, at three quarters of the limit or more: a program that sends itself SIGXCPU
+    early is ``killed``)."""
     MEMORY_EXCEEDED = "memory_exceeded"
     """The program failed with an allocation error after its resident memory, as the kernel measured it,
     reached half its limit. (A single request larger than the limit fails at once, without the memory

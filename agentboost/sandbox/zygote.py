@@ -853,15 +853,21 @@ def _populate_root(root: str, uid: int, checker_uid: int) -> None:
                 os.close(os.open(destination, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         _mount(source, destination, None, MS_BIND | MS_REC)
 
+    bound: list[str] = []
     for name in TOP_LEVEL:
         host = "/" + name
         if os.path.islink(host):
             os.symlink(os.readlink(host), inside(host))
         elif os.path.isdir(host) and name != "sbin":
             bind(host, host)
-    bound = [path for path in SYSTEM_DIRS if os.path.isdir(path) and not os.path.islink(path)]
-    for path in bound:
-        bind(path, path)
+            bound.append(host)
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # such as /usr/lib64 -> lib on some distributions
+            os.makedirs(os.path.dirname(inside(path)), mode=0o755, exist_ok=True)
+            os.symlink(os.readlink(path), inside(path))
+        elif os.path.isdir(path):
+            bind(path, path)
+            bound.append(path)
     for path in _interpreter_paths():
         if not any(path == done or path.startswith(done + os.sep) for done in bound):
             bind(path, path)
