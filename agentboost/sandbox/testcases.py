@@ -638,9 +638,9 @@ sandbox_error."""
 def _humaneval_result(index: int, result: SandboxResult, limits: SandboxLimits) -> TestResult:
     verdict = result.checker_verdict
     if result.status in (SandboxStatus.TIMEOUT, SandboxStatus.OUTPUT_TRUNCATED) or verdict is None:
-        if result.ok:
-            detail = "the checker gave no verdict"
-            return TestResult(index, TestStatus.SANDBOX_ERROR, detail, duration_s=result.duration_s)
+        if result.ok:  # the checker died (its limits, exhausted by what the program returned): no pass
+            detail = "the checker ended without a verdict"
+            return TestResult(index, TestStatus.RUNTIME_ERROR, detail, duration_s=result.duration_s)
         return _failed(index, result, None)
     outcome, detail = str(verdict.get("outcome")), str(verdict.get("detail", ""))
     status = _CHECKER_OUTCOMES.get(outcome, TestStatus.SANDBOX_ERROR)

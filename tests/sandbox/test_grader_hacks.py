@@ -284,3 +284,31 @@ def test_many_graded_runs_in_flight_leave_the_pool_healthy():
     passed, started = run(main())
     assert passed == [False] * (len(passed) - 4) + [True] * 4
     assert started == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ("    while True:\n        pass\n", "timeout"),  # the graded function hangs
+        ("    return 10 ** 18\n", "timeout"),  # check() spins on what the program returned
+        ("    import time\n    time.sleep(60)\n", "timeout"),
+        ("    return [x] * (10 ** 9)\n", "runtime_error"),  # refused at once: MemoryError
+    ],
+)
+def test_graded_runs_end_with_the_right_status_within_the_timeout(body, status):
+    spin = "def check(candidate):\n    for _ in range(candidate(1, 2)):\n        pass\n"
+    test = spin if "10 ** 18" in body else ADD_TEST
+    limits = SandboxLimits(timeout_s=1.0, memory_mb=256)
+
+    async def main():
+        async with SandboxPool(size=1, limits=limits) as pool:
+            started = asyncio.get_running_loop().time()
+            report = await run_humaneval_test(ADD_PROMPT + body, test, "add", pool=pool)
+            seconds = asyncio.get_running_loop().time() - started
+            after = await run_humaneval_test(ADD_PROMPT + "    return x + y\n", ADD_TEST, "add", pool=pool)
+            return report, seconds, after, pool.workers_started
+
+    report, seconds, after, started = run(main())
+    assert report.results[0].status.value == status, report.summary()
+    assert seconds < 1.0 + 1.0
+    assert after.all_passed and started == 1
