@@ -24,6 +24,7 @@ from agentboost.sandbox import (
     run_stdio_tests,
     sandbox_capabilities,
 )
+from agentboost.sandbox.pool import DEFAULT_UID_BASE
 from agentboost.sandbox.tool import format_report
 
 pytestmark = needs_root
@@ -39,29 +40,31 @@ def hostile(code: str, *, limits: SandboxLimits | None = None) -> tuple[SandboxR
             started = asyncio.get_running_loop().time()
             result = await pool.run_python("import os\nprint(os.getuid(), flush=True)\n" + code)
             seconds = asyncio.get_running_loop().time() - started
+            mount_points = [worker.mount_point for worker in pool._workers]
             after = await pool.run_python("print('healthy')")
             assert after.stdout == "healthy\n", after
             assert pool.worker_pids == workers and pool.workers_started == 1  # not crashed, not replaced
             uid = int(result.stdout.split("\n", 1)[0])
             assert processes_of(uid) == []
             result.stdout = result.stdout.split("\n", 1)[1]
-            return result, seconds
+        assert not any(os.path.exists(path) for path in mount_points)  # the pool removed its directories
+        return result, seconds
 
     return run(main())
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_on_the_host():
-    """No mount, sandbox directory or IPC object outlives the test."""
-
-    def snapshot():
-        mounts = Path("/proc/self/mountinfo").read_text().count("\n")
-        leftovers = sorted(path.name for path in Path("/tmp").glob("agentboost-sandbox-*") if path.is_dir())
-        return mounts, leftovers, Path("/proc/sysvipc/shm").read_text()
-
-    before = snapshot()
+    """No mount outlives the test, and no System V object owned by a sandbox uid exists afterwards. (Other
+    people's pools on a shared machine come and go in /tmp, so directories are checked per pool.)"""
+    mounts = Path("/proc/self/mountinfo").read_text().count("\n")
     yield
-    assert snapshot() == before
+    assert Path("/proc/self/mountinfo").read_text().count("\n") == mounts
+    for table in ("shm", "msg", "sem"):
+        rows = [line.split() for line in Path(f"/proc/sysvipc/{table}").read_text().splitlines()[1:]]
+        header = Path(f"/proc/sysvipc/{table}").read_text().split()
+        uid_column = header.index("uid")
+        assert [row for row in rows if int(row[uid_column]) >= DEFAULT_UID_BASE] == []
 
 
 def test_capabilities_report_every_hardening_as_root():
