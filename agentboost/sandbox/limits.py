@@ -166,7 +166,8 @@ class SandboxCapabilities:
     """Each job starts with an empty session keyring and its uid's user keyrings cleared."""
     seccomp_filter: bool = False
     """A syscall filter refuses keyctl, unshare, setns, mount, ptrace, bpf, perf_event_open, userfaultfd,
-    io_uring, memfd_create and clone() with namespace flags (so memfd memory cannot escape the cap)."""
+    io_uring, memfd_create, AF_VSOCK sockets and clone() with namespace flags (so memfd memory cannot
+    escape the cap, and a job in a virtual machine cannot reach the host over vsock)."""
     memory_cgroup: bool = False
     """Memory is also accounted by a cgroup (page cache, kernel memory). Not implemented: the limits above
     are per process (RLIMIT_AS) plus the zero IPC limits, fd limit and the seccomp filter."""

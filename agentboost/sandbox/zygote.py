@@ -242,6 +242,8 @@ _SYSCALLS = {
     machine: {row.split()[0]: int(row.split()[column]) for row in _SYSCALL_TABLE.strip().splitlines()}
     for column, machine in ((1, "x86_64"), (2, "aarch64"))
 }
+_SOCKET = {"x86_64": 41, "aarch64": 198}
+AF_VSOCK = 40
 _MACHINE = os.uname().machine
 _KEYCTL = {"x86_64": 250, "aarch64": 219}.get(_MACHINE)
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(_MACHINE)
@@ -281,6 +283,14 @@ def _seccomp_program() -> ctypes.Array[_SockFilter]:
     for name in (name for name in numbers if name not in ("clone", "clone3")):
         code += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, eperm)]
     code += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, enosys)]
+    # socket(AF_VSOCK): in a virtual machine, a way to the hypervisor's host that no namespace covers
+    code += [
+        (jeq, 0, 4, _SOCKET[_MACHINE]),
+        (load, 0, 0, 16),  # args[0], the address family
+        (jeq, 0, 1, AF_VSOCK),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
     code += [
         (jeq, 0, 4, numbers["clone"]),
         (load, 0, 0, 16),  # low 32 bits of args[0], the flags (little-endian)
