@@ -15,7 +15,7 @@ from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, HookProvider
 
 from agentboost.agent.limits import RolloutLimits, resolve_limits
 from agentboost.agent.rollout import run_agent
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult, Task, UserTurn
 from agentboost.errors import ConfigError, EngineError
@@ -438,15 +438,19 @@ def test_the_per_turn_budget_has_one_owner(qwen_tokenizer, say):
 
 
 def test_grpo_siblings_get_their_own_server_binding(qwen_tokenizer, say):
-    keys: list[str] = []
+    bound_keys: list[RolloutKey] = []
+    released: list[RolloutKey] = []
 
     class Bindable(ScriptedEngine):
         def bind(self, key):
-            keys.append(key)
+            bound_keys.append(key)
             return self
+
+        def unbind(self, key):
+            released.append(key)
 
     engine = Bindable([say("a"), say("b")])
     environment = Recording()
     for sample in (0, 1):
         rollout(environment, engine, qwen_tokenizer, Task("t0", "hi"), sample=sample)
-    assert keys == ["t0#0", "t0#1"]
+    assert bound_keys == released == [RolloutKey("t0", 0), RolloutKey("t0", 1)]
