@@ -233,3 +233,42 @@ def test_a_thousand_turn_rollout_finishes_cleanly(qwen_tokenizer, say):
     assert trajectory.termination is TerminationReason.MAX_TURNS
     assert trajectory.metrics["turns"] == 1000 and trajectory.metrics["tool_calls"] == 1000
     assert sum(1 for s in trajectory.segments if s.role == "assistant") == 1000
+
+
+@pytest.mark.parametrize(
+    ("limits", "script", "reason"),
+    [
+        (RolloutLimits(max_turns=2), [ADD_CALL], TerminationReason.MAX_TURNS),
+        (RolloutLimits(max_tool_calls=1), [ADD_CALL + "\n" + ADD_CALL], TerminationReason.MAX_TOOL_CALLS),
+        (RolloutLimits(max_response_tokens=60, max_turns=50), [ADD_CALL], TerminationReason.CONTEXT_FULL),
+    ],
+)
+def test_limits_stop_the_sdk_cleanly_without_errors_or_invented_text(
+    qwen_tokenizer, say, caplog, limits, script, reason
+):
+    """Limits stop the agent through its hooks: the SDK logs no failure, and its own history holds only
+    what the model generated and what the tools answered (no 'cancelled' or 'turn ended' text)."""
+    strands_messages: list = []
+    engine = ScriptedEngine([say(text) for text in script], cycle=True)
+    with caplog.at_level("WARNING"):
+        trajectory = run(
+            run_agent(
+                engine,
+                qwen_tokenizer,
+                QUESTION,
+                system_prompt=SYSTEM,
+                tools=[add, multiply],
+                template="qwen3",
+                limits=limits,
+                strands_messages=strands_messages,
+            )
+        )
+    assert trajectory.termination is reason
+    assert not [r for r in caplog.records if r.name.startswith("strands") and r.levelname == "ERROR"]
+    generated = [qwen_tokenizer.decode(say(text)[:-1]).strip() for text in script]
+    for message in strands_messages:
+        if message["role"] == "assistant":
+            for block in message["content"]:
+                if "text" in block:  # what the model wrote, or the start of it for a turn cut short
+                    assert any(full.startswith(block["text"].strip()) for full in generated), block
+    assert trajectory.segments[-1].role in ("assistant", "tool")
