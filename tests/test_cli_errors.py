@@ -116,7 +116,7 @@ def test_out_a_directory_or_under_a_file_is_one_line(tokenizer_dir, tmp_path):
     line = one_error(
         agentboost("rollout", "--model", tokenizer_dir, "--out", tmp_path / "file" / "r.jsonl", cwd=tmp_path)
     )
-    assert f"cannot create the directory {tmp_path / 'file'}: Not a directory" in line
+    assert f"cannot use {tmp_path / 'file' / 'r.jsonl'}: Not a directory" in line
 
 
 def test_a_full_disk_ends_the_run_with_one_line_and_keeps_the_file(server, tokenizer_dir, tmp_path):

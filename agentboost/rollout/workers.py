@@ -124,6 +124,8 @@ class WorkerPool:
         self._next_id = 0
         self._closing = False
         self._readers: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        """Set when a worker was replaced or the pool gave up: jobs waiting for a live worker look again."""
         self._capacity = asyncio.Semaphore(workers * spec.concurrency)
 
     async def __aenter__(self) -> WorkerPool:
@@ -251,6 +253,7 @@ class WorkerPool:
         replacement = await self._respawn(crash)
         if replacement is not None and worker in self.workers:
             self.workers[self.workers.index(worker)] = replacement  # close() stops it if closing
+        self._changed.set()
 
     async def _respawn(self, crash: WorkerCrashed) -> _Worker | None:
         """A new worker after a pause that doubles with each death in a row; None after the bound."""
@@ -275,6 +278,7 @@ class WorkerPool:
         return None
 
     def _fail_everything(self, error: BaseException) -> None:
+        self._changed.set()
         for other in self.workers:
             for future in other.in_flight.values():
                 if not future.done():
@@ -287,8 +291,15 @@ class WorkerPool:
         async with self._capacity:
             if self._fatal is not None:
                 raise self._fatal
-            alive = [w for w in self.workers if w.process.returncode is None] or self.workers
-            worker = min(alive, key=lambda w: len(w.in_flight))
+            while True:  # while every worker is being replaced, wait instead of failing the job
+                if self._fatal is not None:
+                    raise self._fatal
+                alive = [w for w in self.workers if w.process.returncode is None]
+                if alive or self._closing:
+                    break
+                self._changed.clear()
+                await self._changed.wait()
+            worker = min(alive or self.workers, key=lambda w: len(w.in_flight))
             self._next_id += 1
             job_id = self._next_id
             future: asyncio.Future[RolloutResult] = asyncio.get_running_loop().create_future()
