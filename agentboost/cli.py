@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from agentboost.cli_args import count, number
 from agentboost.engines.models import DEFAULT_MODEL
@@ -21,19 +21,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollout_limits(args: argparse.Namespace, defaults: Any) -> Any:
-    """The environment's limits with the options the user gave (an explicit value always wins)."""
-    given = {
-        "max_turns": args.max_turns,
-        "max_tool_calls": args.max_tool_calls,
-        "max_total_tokens": args.max_total_tokens,
-        "max_new_tokens": args.max_new_tokens,
-        "timeout_s": args.timeout,
-    }
-    return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
-
-
 async def _rollouts(args: argparse.Namespace) -> int:
+    from agentboost.agent.limits import resolve_limits
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
@@ -41,7 +30,16 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
     environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
-    limits = _rollout_limits(args, environment.limits)
+    limits = resolve_limits(
+        environment.limits,
+        {
+            "max_turns": args.max_turns,
+            "max_tool_calls": args.max_tool_calls,
+            "max_total_tokens": args.max_total_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "timeout_s": args.timeout,
+        },
+    )
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     config = RunConfig(
         samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed

@@ -40,6 +40,13 @@ _PATH_ADVICE = {
 }
 
 
+class EnvironmentStepError(AgentBoostError):
+    """An environment's own step failed during a rollout (e.g. ``next_user_message`` raised).
+
+    Ends the rollout with termination ``env_error``; fix the environment (its message names the step).
+    """
+
+
 # --- engines -----------------------------------------------------------------------------
 
 

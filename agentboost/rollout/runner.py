@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
+from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.rollout.results import ResultStore
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -103,27 +104,32 @@ def job_seed(base: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{base}:{task_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
-def plan_keys(environment: Environment, tasks: Sequence[Any], config: RunConfig) -> set[tuple[str, int]]:
-    """The (task_id, sample) pairs of a run; raises ConfigError when two tasks share an id."""
+def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> set[tuple[str, int]]:
+    """The (task_id, sample) pairs of a run; raises ConfigError for a non-Task or two tasks with one id."""
     keys: set[tuple[str, int]] = set()
     for task in tasks:
-        task_id = environment.task_id(task)
+        if not isinstance(task, Task):
+            raise ConfigError(
+                f"{type(environment).__name__}.tasks() must return agentboost Task objects, "
+                f"got {type(task).__name__}"
+            )
+        task_id = task.id
         if (task_id, 0) in keys:
             raise ConfigError(f"two tasks share the id {task_id!r}; task ids must be unique to resume")
         keys.update((task_id, sample) for sample in range(config.samples))
     return keys
 
 
-def iter_jobs(environment: Environment, tasks: Sequence[Any], config: RunConfig) -> Iterator[Job]:
+def iter_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Iterator[Job]:
     """Every (task, sample) pair, tasks in order, samples of a task together, made as they are needed."""
     for task in tasks:
-        task_id = environment.task_id(task)
-        payload = environment.task_to_dict(task)
+        task_id = task.id
+        payload = task.to_dict()
         for sample in range(config.samples):
             yield Job(task_id, payload, sample, job_seed(config.seed, task_id, sample))
 
 
-def plan_jobs(environment: Environment, tasks: Sequence[Any], config: RunConfig) -> list[Job]:
+def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> list[Job]:
     """:func:`iter_jobs` as a list, after checking that task ids are unique."""
     plan_keys(environment, tasks, config)
     return list(iter_jobs(environment, tasks, config))
@@ -142,7 +148,7 @@ def in_process(
     base = sampling if sampling is not None else SamplingParams()
 
     async def execute(job: Job) -> RolloutResult:
-        task = environment.task_from_dict(job.task)
+        task = Task.from_dict(job.task)
         return await environment.rollout(
             task,
             engine,
@@ -176,23 +182,11 @@ def crashed_result(job: Job, detail: str) -> RolloutResult:
 def failure_cause(result: RolloutResult) -> str:
     """One line saying which rollout failed and why."""
     trajectory = result.trajectory
-    if trajectory.termination.value in _FAILED_REASONS:
+    if trajectory.termination.failed:
         why = f"{trajectory.termination.value}: {trajectory.termination_detail or 'no detail'}"
     else:
         why = f"reward failed: {result.reward_error}"
     return f"task {result.task_id!r} sample {result.sample}: {why}"
-
-
-_FAILED_REASONS = frozenset(
-    reason.value
-    for reason in (
-        TerminationReason.ENGINE_ERROR,
-        TerminationReason.TEMPLATE_ERROR,
-        TerminationReason.AGENT_ERROR,
-        TerminationReason.WORKER_CRASHED,
-    )
-)
-_RETRYABLE = (TerminationReason.ENGINE_ERROR, TerminationReason.WORKER_CRASHED)
 
 
 async def run_jobs(
@@ -230,7 +224,7 @@ async def run_jobs(
             except WorkerCrashed as crash:
                 result = crashed_result(job, str(crash))
             result.attempts = number
-            if result.termination not in _RETRYABLE or number > config.retries:
+            if not result.termination.retryable or number > config.retries:
                 return result
             summary.retried += 1
             await asyncio.sleep(delay)

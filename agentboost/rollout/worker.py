@@ -30,10 +30,11 @@ def _describe(error: BaseException) -> str:
 
 
 async def _serve(spec: dict[str, Any], results: Any) -> int:
-    from agentboost.agent.provider import RolloutLimits
+    from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment
+    from agentboost.envs.task import Task
 
     def reply(message: dict[str, Any]) -> None:
         results.write(json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n")
@@ -63,7 +64,7 @@ async def _serve(spec: dict[str, Any], results: Any) -> int:
     async def run(job: dict[str, Any]) -> None:
         async with slots:
             try:
-                task = environment.task_from_dict(job["task"])
+                task = Task.from_dict(job["task"])
                 result = await environment.rollout(
                     task,
                     engine,

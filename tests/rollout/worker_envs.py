@@ -6,7 +6,7 @@ import os
 
 from strands import tool
 
-from agentboost.envs.base import Environment
+from agentboost.envs.base import Environment, Task
 
 
 def _in_a_worker() -> bool:
@@ -23,7 +23,7 @@ class CrashAtStart(Environment):
             os._exit(7)
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [{"id": "a"}]
+        return [Task("a", "a")]
 
 
 class WritesToTheResultPipe(Environment):
@@ -37,12 +37,9 @@ class WritesToTheResultPipe(Environment):
         self.marker = marker
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+        return [Task(name, f"task {name}") for name in ("a", "b", "c")]
 
-    def prompt(self, task):
-        return f"task {task['id']}"
-
-    def tools(self):
+    def tools(self, episode):
         line, marker = self.line, self.marker
 
         @tool
@@ -55,5 +52,5 @@ class WritesToTheResultPipe(Environment):
 
         return [scribble]
 
-    def reward(self, trajectory, task):
+    def reward(self, trajectory, episode):
         return 1.0
