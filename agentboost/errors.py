@@ -37,6 +37,8 @@ _PATH_ADVICE = {
     errno.EDQUOT: "free some disk space (quota exceeded) or choose another location; finished work is kept",
     errno.EROFS: "the file system is read-only; choose another location",
     errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+    errno.EEXIST: "a file is in the way where a directory is needed; move it or choose another path",
+    errno.EFBIG: "the file size limit was reached; free space, raise the limit or choose another location",
 }
 
 
