@@ -22,6 +22,14 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 async def _rollouts(args: argparse.Namespace) -> int:
+    # the servers first: a wrong --url fails in about a second, before the agent stack is imported
+    if args.engine != "local":
+        from agentboost.engines.factory import check_servers, make_engine
+
+        make_engine(args.engine, model=args.model, urls=args.url or ())  # validates --engine / --url
+        await check_servers(args.engine, args.url)
+    elif args.url:
+        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
     from agentboost.agent.limits import resolve_limits
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
@@ -48,13 +56,6 @@ async def _rollouts(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError(f"environment {args.env!r} has no tasks in split {args.split!r}")
     plan = plan_keys(environment, tasks, config)
-    if args.engine != "local":
-        from agentboost.engines.factory import check_servers, make_engine
-
-        make_engine(args.engine, model=args.model, urls=args.url or ())  # validates --engine / --url
-        await check_servers(args.engine, args.url)
-    elif args.url:
-        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
     if not _is_default(args.model):  # fail before touching --out; the default is pulled on first use
         from agentboost.engines.models import resolve_model
 
