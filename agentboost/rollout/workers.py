@@ -187,6 +187,8 @@ class WorkerPool:
             self._fatal = WorkerSetupError(str(hello["fatal"]))
             raise self._fatal
         if not hello.get("ready"):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()  # it said something else first, or nothing: it cannot be trusted
             code = await process.wait()
             raise WorkerCrashed(f"worker process {process.pid} exited with code {code} while starting")
         worker.reader = asyncio.create_task(self._read(worker))
