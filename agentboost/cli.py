@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import json
 import sys
 from typing import NoReturn
@@ -263,7 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as error:
         if error.filename is None:
-            raise
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            print(
+                f"agentboost: error: {error.strerror}; free some disk space and run the same command again",
+                file=sys.stderr,
+            )
+            return 2
         from agentboost.errors import UserPathError
 
         print(
