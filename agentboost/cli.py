@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import errno
 import json
 import sys
+from typing import NoReturn
 
+from agentboost.cli_args import count, number
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
 
@@ -19,11 +23,19 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 async def _rollouts(args: argparse.Namespace) -> int:
+    # the servers first: a wrong --url fails in about a second, before the agent stack is imported
+    if args.engine != "local":
+        from agentboost.engines.factory import check_servers, make_engine
+
+        make_engine(args.engine, model=args.model, urls=args.url or ())  # validates --engine / --url
+        await check_servers(args.engine, args.url)
+    elif args.url:
+        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
     from agentboost.agent.limits import resolve_limits
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
-    from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
+    from agentboost.rollout.runner import RunConfig, in_process, iter_jobs, plan_keys, run_jobs
 
     environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
@@ -41,13 +53,51 @@ async def _rollouts(args: argparse.Namespace) -> int:
     config = RunConfig(
         samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed
     )
-    jobs = plan_jobs(environment, environment.tasks(args.n, seed=args.seed, split=args.split), config)
-    with ResultStore(args.out, resume=not args.fresh) as store:
+    tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
+    if not tasks:
+        raise ConfigError(f"environment {args.env!r} has no tasks in split {args.split!r}")
+    plan = plan_keys(environment, tasks, config)
+    if not _is_default(args.model):  # fail before touching --out; the default is pulled on first use
+        from agentboost.engines.models import resolve_model
+
+        resolve_model(args.model)
+    identity = {
+        "environment": args.env,
+        "environment_name": environment.name,
+        "environment_kwargs": environment_kwargs,
+        "split": args.split,
+        "seed": args.seed,
+        "model": args.model,
+        "template": args.template,
+        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
+        "limits": dataclasses.asdict(limits),
+        "tasks": len(tasks),
+        "samples": args.samples,
+        "engine": args.engine,
+    }
+    with ResultStore(
+        args.out,
+        resume=not args.fresh,
+        identity=identity,
+        allow_different=args.allow_different_settings,
+        plan=plan,
+        redo_failed=not args.keep_failed,
+        environment_name=environment.name,
+    ) as store:
         if store.torn_bytes:
             print(
                 f"agentboost: cut a torn last line ({store.torn_bytes} bytes) from {args.out}",
                 file=sys.stderr,
             )
+        if store.differences:
+            print(
+                f"agentboost: resuming {args.out} with other settings: {'; '.join(store.differences)}",
+                file=sys.stderr,
+            )
+        redo = len(store.failed & plan) if not args.keep_failed else 0
+        if redo:
+            print(f"agentboost: running {redo} failed rollouts of {args.out} again", file=sys.stderr)
+        jobs = iter_jobs(environment, tasks, config)
         if args.workers:
             from agentboost.rollout.workers import WorkerPool, WorkerSpec
 
@@ -60,21 +110,37 @@ async def _rollouts(args: argparse.Namespace) -> int:
                 sampling=sampling,
                 limits=limits,
                 concurrency=max(1, args.concurrency // args.workers),
+                template=args.template,
             )
             async with WorkerPool(spec, args.workers) as pool:
-                summary = await run_jobs(jobs, pool.execute, store, config)
+                summary = await run_jobs(jobs, pool.execute, store, config, total=len(plan))
         else:
             from agentboost.engines.factory import load_tokenizer, make_engine
+            from agentboost.tokens.templates import template_for
 
             tokenizer = load_tokenizer(args.model)
+            template_for(tokenizer, args.template)  # an unknown --template fails before any rollout
             engine = make_engine(args.engine, model=args.model, urls=args.url or ())
             try:
-                execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
-                summary = await run_jobs(jobs, execute, store, config)
+                execute = in_process(
+                    environment, engine, tokenizer, sampling=sampling, limits=limits, template=args.template
+                )
+                summary = await run_jobs(jobs, execute, store, config, total=len(plan))
             finally:
                 await engine.aclose()
     print(f"{environment.name}: {summary.line()} -> {args.out}")
+    if summary.failed:
+        print(
+            f"agentboost: error: {summary.failed} of {summary.completed} rollouts failed; the first: "
+            f"{summary.first_failure}. They are kept in {args.out} and run again when you resume it.",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _is_default(model: str) -> bool:
+    return model.lower() in {DEFAULT_MODEL, "default"}
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
@@ -84,7 +150,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from agentboost.rollout.results import read_results
 
+    count = 0
     for index, result in enumerate(read_results(args.path)):
+        count = index + 1
         if index == args.index:
             trajectory = result.trajectory
             print(json.dumps(trajectory.messages, indent=2, ensure_ascii=False))
@@ -95,11 +163,24 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 f"{trajectory.metrics}"
             )
             return 0
-    raise ConfigError(f"{args.path} has no trajectory number {args.index}")
+    raise ConfigError(
+        f"{args.path} has {count} results, so there is no --index {args.index}"
+        + (f"; use 0 to {count - 1}" if count else "")
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one error line and a pointer to --help, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help` for the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentboost", description="Train Strands agents with RL.")
+    from agentboost import __version__
+
+    parser = _Parser(prog="agentboost", description="Train Strands agents with RL.")
+    parser.add_argument("--version", action="version", version=f"agentboost {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     pull = commands.add_parser(
@@ -113,33 +194,55 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", default="arithmetic", help="environment name or module:Class (default: arithmetic)"
     )
     rollout.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
-    rollout.add_argument("-n", "--n", type=int, default=4, help="number of tasks (default: 4)")
+    rollout.add_argument("-n", "--n", type=count(1), default=4, help="number of tasks (default: 4)")
     rollout.add_argument("--split", default="train", help="task split (default: train)")
-    rollout.add_argument("--samples", type=int, default=1, help="rollouts per task (default: 1)")
+    rollout.add_argument("--samples", type=count(1), default=1, help="rollouts per task (default: 1)")
     rollout.add_argument("--seed", type=int, default=0, help="task and sampling seed")
     rollout.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
     rollout.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
     rollout.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
-    rollout.add_argument("--template", default=None, help="chat template: qwen3, chatml, tokenizer (auto)")
-    rollout.add_argument("--out", default="runs/rollouts.jsonl", help="results JSONL (resumed if it exists)")
-    rollout.add_argument("--fresh", action="store_true", help="start over instead of resuming --out")
-    rollout.add_argument("--concurrency", type=int, default=16, help="rollouts in flight at once")
-    rollout.add_argument("--workers", type=int, default=0, help="worker processes (0: run in this process)")
     rollout.add_argument(
-        "--retries", type=int, default=2, help="extra attempts after an engine error or crash"
+        "--template",
+        default=None,
+        help="chat template: qwen3, chatml or tokenizer (default: the environment's, else the tokenizer's)",
     )
-    rollout.add_argument("--temperature", type=float, default=0.7)
-    rollout.add_argument("--top-p", type=float, default=1.0)
-    rollout.add_argument("--max-turns", type=int, default=None)
-    rollout.add_argument("--max-tool-calls", type=int, default=None)
-    rollout.add_argument("--max-total-tokens", type=int, default=None)
-    rollout.add_argument("--max-new-tokens", type=int, default=None, help="per turn")
-    rollout.add_argument("--timeout", type=float, default=None, help="seconds per rollout")
+    rollout.add_argument("--out", default="runs/rollouts.jsonl", help="results JSONL (resumed if it exists)")
+    rollout.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over instead of resuming --out (an agentboost results file)",
+    )
+    rollout.add_argument(
+        "--allow-different-settings",
+        action="store_true",
+        help="resume --out even though it was written with other settings (they are listed)",
+    )
+    rollout.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="on resume, count failed rollouts in --out as done instead of running them again",
+    )
+    rollout.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
+    rollout.add_argument(
+        "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
+    )
+    rollout.add_argument(
+        "--retries", type=count(0), default=2, help="extra attempts after an engine error or crash"
+    )
+    rollout.add_argument("--temperature", type=number(minimum=0), default=0.7)
+    rollout.add_argument("--top-p", type=number(minimum=0, inclusive=False, maximum=1), default=1.0)
+    rollout.add_argument("--max-turns", type=count(1), default=None)
+    rollout.add_argument("--max-tool-calls", type=count(1), default=None)
+    rollout.add_argument("--max-total-tokens", type=count(1), default=None)
+    rollout.add_argument("--max-new-tokens", type=count(1), default=None, help="per turn")
+    rollout.add_argument(
+        "--timeout", type=number(minimum=0, inclusive=False), default=None, help="seconds per rollout"
+    )
     rollout.set_defaults(func=_cmd_rollout)
 
-    show = commands.add_parser("show", help="print one trajectory's conversation from a JSONL file")
+    show = commands.add_parser("show", help="print one trajectory's conversation from a results file")
     show.add_argument("path")
-    show.add_argument("--index", type=int, default=0)
+    show.add_argument("--index", type=count(0), default=0, help="which result (0: the first)")
     show.set_defaults(func=_cmd_show)
 
     from agentboost.engines.serve_command import register_serve_command
@@ -158,6 +261,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except AgentBoostError as error:
         print(f"agentboost: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if error.filename is None:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            print(
+                f"agentboost: error: {error.strerror}; free some disk space and run the same command again",
+                file=sys.stderr,
+            )
+            return 2
+        from agentboost.errors import UserPathError
+
+        print(
+            f"agentboost: error: {UserPathError.from_os_error(error.filename, error, 'use')}", file=sys.stderr
+        )
         return 2
     except KeyboardInterrupt:
         print("agentboost: interrupted", file=sys.stderr)

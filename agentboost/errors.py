@@ -35,6 +35,8 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
 
 from __future__ import annotations
 
+import errno
+
 
 class AgentBoostError(Exception):
     """Base class of every error agentboost raises on purpose."""
@@ -46,6 +48,31 @@ class ConfigError(AgentBoostError, ValueError):
 
 class ModelNotFoundError(AgentBoostError, FileNotFoundError):
     """A model directory or package could not be found locally."""
+
+
+class UserPathError(ConfigError):
+    """A file or directory the user named cannot be used: missing, a directory, unwritable, disk full."""
+
+    @classmethod
+    def from_os_error(cls, path: object, error: OSError, action: str) -> UserPathError:
+        """``cannot <action> <path>: <reason>; <what to do>`` for an OSError raised on ``path``."""
+        advice = _PATH_ADVICE.get(error.errno or 0, "check the path and try again")
+        return cls(f"cannot {action} {path}: {error.strerror or error}; {advice}")
+
+
+_PATH_ADVICE = {
+    errno.ENOENT: "check the path (it does not exist)",
+    errno.EACCES: "choose a location you can write to, or fix its permissions",
+    errno.EPERM: "choose a location you can write to, or fix its permissions",
+    errno.EISDIR: "name a file, not a directory",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; fix the path",
+    errno.ENOSPC: "free some disk space or choose another location; finished work is kept",
+    errno.EDQUOT: "free some disk space (quota exceeded) or choose another location; finished work is kept",
+    errno.EROFS: "the file system is read-only; choose another location",
+    errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+    errno.EEXIST: "a file is in the way where a directory is needed; move it or choose another path",
+    errno.EFBIG: "the file size limit was reached; free space, raise the limit or choose another location",
+}
 
 
 class EnvironmentStepError(AgentBoostError):

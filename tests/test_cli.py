@@ -40,7 +40,8 @@ def test_rollout_writes_trajectories_and_a_summary(memorized_qwen3, qwen_tokeniz
     results = list(read_results(out))
     assert sorted(r.task_id for r in results) == ["arith-d1-s0-0", "arith-d1-s0-1", "arith-d1-s0-2"]
     assert all(r.reward in (0.0, 1.0) and r.trajectory.generated_tokens > 0 for r in results)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    header, *lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert header["format"] == "agentboost.results" and header["run"]["environment"] == "arithmetic"
     assert all(line["trajectory"]["format"] == "agentboost.trajectory" for line in lines)
     again = agentboost("rollout", "--model", str(memorized_qwen3), "-n", "3", "--out", str(out), cwd=tmp_path)
     assert again.returncode == 0 and "(3 already done" in again.stdout  # resumed: nothing re-run

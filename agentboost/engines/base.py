@@ -19,6 +19,8 @@ different rollouts and are routed independently.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,8 +50,11 @@ class SamplingParams:
     """Seeds this request's sampler, so a request gives the same tokens however it is batched."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        for name in ("top_k", "max_new_tokens"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), numbers.Integral):
+                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,5 +38,56 @@ def load_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     from agentboost.engines.models import resolve_model
+    from agentboost.errors import TokenizerError
 
-    return AutoTokenizer.from_pretrained(resolve_model(model))
+    path = resolve_model(model)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as error:
+        raise TokenizerError(
+            f"cannot load a tokenizer from {model}: {str(error).splitlines()[0][:300]}; "
+            "a model directory must hold its tokenizer files (tokenizer.json or tokenizer_config.json)"
+        ) from error
+
+
+async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
+    """Ask each remote server's ``GET /health`` once, before a run, so a wrong ``--url`` fails in seconds.
+
+    Raises :class:`~agentboost.errors.EngineConnectionError` naming the URL when a server cannot be
+    reached, does not answer within ``timeout_s``, or answers with HTTP 5xx. A server without a
+    ``/health`` route (HTTP 404) counts as reachable.
+    """
+    import asyncio
+
+    import aiohttp
+
+    from agentboost.engines.http import normalize_urls
+    from agentboost.errors import EngineConnectionError
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in normalize_urls(list(urls)):
+            advice = f"start the {kind} server or fix --url"
+            try:
+                async with session.get(f"{url}/health") as response:
+                    status = response.status
+            except asyncio.TimeoutError as error:
+                raise EngineConnectionError(
+                    f"the {kind} server at {url} did not answer GET /health within {timeout_s:g} s; {advice}",
+                    url=url,
+                    attempts=1,
+                ) from error
+            except (aiohttp.ClientError, OSError) as error:
+                cause = getattr(error, "os_error", error)
+                reason = os.strerror(cause.errno) if getattr(cause, "errno", None) else str(error)
+                raise EngineConnectionError(
+                    f"cannot reach the {kind} server at {url} ({reason}); {advice}", url=url, attempts=1
+                ) from error
+            if status >= 500:
+                raise EngineConnectionError(
+                    f"the {kind} server at {url} is not healthy (GET /health answered HTTP {status}); "
+                    "wait until it has loaded its model, or check its log",
+                    url=url,
+                    status=status,
+                    attempts=1,
+                )

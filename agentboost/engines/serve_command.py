@@ -14,6 +14,8 @@ from agentboost.errors import AgentBoostError, ConfigError
 
 def register_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to an argparse ``subparsers`` object; ``args.func(args)`` runs it."""
+    from agentboost.cli_args import count, number, port, probability
+
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over HTTP in the SGLang /generate and vLLM /v1/completions wire formats",
@@ -30,15 +32,18 @@ def register_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "--served-model-name", default=None, help="name reported by /v1/models (default: --model)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=30000, help="port to listen on (default: 30000)")
+    parser.add_argument("--port", type=port, default=30000, help="port to listen on (default: 30000)")
     parser.add_argument(
-        "--context-length", type=int, default=None, help="context length to report (default: the model's)"
+        "--context-length",
+        type=count(1),
+        default=None,
+        help="context length to report (default: the model's)",
     )
     faults = parser.add_argument_group("fault injection (for testing clients)")
     for kind in FAULT_KINDS:
         faults.add_argument(
             f"--fault-{kind.replace('_', '-')}",
-            type=float,
+            type=probability,
             default=0.0,
             metavar="P",
             dest=f"fault_{kind}",
@@ -52,7 +57,7 @@ def register_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         f"(kinds: {', '.join(FAULT_KINDS)})",
     )
     faults.add_argument(
-        "--fault-slow-delay", type=float, default=5.0, metavar="S", help="delay of 'slow' (s)"
+        "--fault-slow-delay", type=number(minimum=0), default=5.0, metavar="S", help="delay of 'slow' (s)"
     )
     faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
     parser.set_defaults(func=run_serve)

@@ -1,89 +1,348 @@
-"""Rollout results streamed to JSONL: every line complete even if the process is killed, resumable.
+"""Rollout results streamed to JSONL: identified before touched, every line complete, resumable.
 
-Each result is written with one ``write`` of the whole line on a file opened for appending, then
-flushed and fsynced, so a crash leaves at most one torn line at the end. Opening the file again
-cuts that torn tail off and reports which (task, sample) pairs are already done.
+File format (``format: agentboost.results``, ``version: 1``)::
+
+    line 1     {"format": "agentboost.results", "version": 1, "agentboost": "<version>", "run": {...}}
+    line 2...  one RolloutResult per line (RolloutResult.to_dict)
+
+``run`` is the run's identity: environment and its arguments, model, sampling, limits, seed, split
+(see :data:`NOT_COMPARED` for the keys that may change between a run and its resume).
+
+Nothing is written to an existing file before its first line is read (at most 1 MiB) and found to
+be such a header; anything else (a notes file, a model, a device such as ``/dev/full``) is refused
+untouched. Each result is one ``write`` of the whole line on a file opened for appending, then
+fsynced, so a crash leaves at most one torn line at the end; resuming cuts that tail off. Failed
+rollouts stay in the file for inspection; when one is run again its new line is appended and the
+last line of a (task, sample) pair is the one that counts (:func:`read_results` yields only it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import Iterator
+import re
+import stat
+from collections.abc import Collection, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from agentboost.envs.base import RolloutResult
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, UserPathError
 
 Key = tuple[str, int]
 """(task_id, sample)"""
 
+RESULTS_FORMAT = "agentboost.results"
+RESULTS_VERSION = 1
+NOT_COMPARED = frozenset({"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"})
+"""Run settings recorded in the header that a resume may change (how much to run, and how)."""
+_HEADER_LIMIT = 1 << 20
+_KEY_PREFIX = re.compile(r'^\{"task_id": ("(?:[^"\\]|\\.)*"), "sample": (-?\d+)')
+
+
+class LegacyResultsError(ConfigError):
+    """The file holds results written before results files had a header."""
+
+
+def _version() -> str:
+    from agentboost import __version__
+
+    return __version__
+
+
+def results_header(identity: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The first line of a results file for a run with this identity."""
+    return {
+        "format": RESULTS_FORMAT,
+        "version": RESULTS_VERSION,
+        "agentboost": _version(),
+        "run": dict(identity or {}),
+    }
+
+
+def _is_header(data: Any) -> bool:
+    return isinstance(data, dict) and data.get("format") == RESULTS_FORMAT
+
+
+def _looks_like_result(data: Any) -> bool:
+    return isinstance(data, dict) and {"task_id", "sample", "trajectory"} <= data.keys()
+
+
+def settings_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: recorded -> current`` for every compared setting that differs (nested keys dotted)."""
+    differences: list[str] = []
+
+    def walk(old: Any, new: Any, key: str) -> None:
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            for name in sorted(set(old) | set(new), key=str):
+                walk(old.get(name), new.get(name), f"{key}.{name}" if key else str(name))
+        elif old != new:
+            differences.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)}")
+
+    for name in sorted(set(recorded) | set(current)):
+        if name not in NOT_COMPARED:
+            walk(recorded.get(name), current.get(name), name)
+    return differences
+
+
+def identify(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The header of an existing results file; None if ``path`` does not exist or is empty.
+
+    Reads at most the first MiB and changes nothing. Raises :class:`ConfigError` when the path is
+    not an agentboost results file (then it must not be written to), naming what it looks like.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise UserPathError.from_os_error(path, error, "use") from error
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(
+            f"{path} is a directory; name a results file such as {os.path.join(path, 'rollouts.jsonl')}"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(
+            f"{path} is not a regular file (a device, pipe or socket); results go to a regular file, "
+            "e.g. runs/rollouts.jsonl"
+        )
+    if info.st_size == 0:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(_HEADER_LIMIT)
+    except OSError as error:
+        raise UserPathError.from_os_error(path, error, "read") from error
+    refuse = (
+        f"{path} exists and is not an agentboost results file, so it was left untouched; "
+        "choose another --out (or move the file away)"
+    )
+    if not first.endswith(b"\n"):
+        raise ConfigError(refuse)
+    try:
+        data = json.loads(first)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(refuse) from error
+    if _is_header(data):
+        version = data.get("version")
+        if not isinstance(version, int) or version > RESULTS_VERSION:
+            raise ConfigError(
+                f"{path} is an agentboost results file of format version {version!r}; this agentboost "
+                f"({_version()}) reads version {RESULTS_VERSION}: upgrade agentboost or choose another --out"
+            )
+        if not isinstance(data.get("run"), dict):
+            raise ConfigError(f"{path}: the header's 'run' is not an object; the file was edited")
+        return data
+    if _looks_like_result(data):
+        raise LegacyResultsError(
+            f"{path} holds results written by an agentboost older than the results header (0.1), whose "
+            "settings cannot be checked; resume it with the agentboost that wrote it, or pass --fresh "
+            "to start over in it, or choose another --out"
+        )
+    raise ConfigError(refuse)
+
 
 class ResultStore:
-    """Append-only JSONL of :class:`RolloutResult` lines, one per (task_id, sample)."""
+    """Append-only results file: a header, then :class:`RolloutResult` lines.
 
-    def __init__(self, path: str | os.PathLike[str], *, resume: bool = True, fsync: bool = True) -> None:
+    ``identity`` describes the run (see the module docstring); resuming a file whose recorded
+    identity differs raises a ConfigError listing the differences, unless ``allow_different``.
+    ``plan`` is the set of (task_id, sample) pairs this run is made of: a resumed line outside it is
+    refused. ``redo_failed`` (the default) leaves failed rollouts out of :attr:`done` so they run again.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        resume: bool = True,
+        fsync: bool = True,
+        identity: Mapping[str, Any] | None = None,
+        allow_different: bool = False,
+        plan: Collection[Key] | None = None,
+        redo_failed: bool = True,
+        environment_name: str | None = None,
+    ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self.identity = dict(identity or {})
         self.done: set[Key] = set()
+        """Pairs finished in the file (failed ones excluded when ``redo_failed``)."""
+        self.failed: set[Key] = set()
+        """Pairs whose last line in the file is a failed rollout."""
         self.torn_bytes = 0
-        if resume and self.path.exists():
+        self.differences: list[str] = []
+        """Settings that differ from the file's header (only non-empty with ``allow_different``)."""
+        self.header: dict[str, Any] | None = None
+        self._fd = -1
+        self._error: UserPathError | None = None
+        self._writer: ThreadPoolExecutor | None = None
+
+        try:
+            existing = identify(self.path)
+        except LegacyResultsError:
+            if resume:
+                raise
+            existing = None  # --fresh over our own legacy file: ours to replace
+        if existing is not None and resume:
+            self.header = existing
+            if identity is not None:
+                self.differences = settings_differences(existing["run"], self.identity)
+                if self.differences and not allow_different:
+                    raise ConfigError(
+                        f"{self.path} was written by a run with other settings "
+                        f"({'; '.join(self.differences)}); resume with the same settings, pass "
+                        "--allow-different-settings to resume anyway, or choose another --out"
+                    )
             self.torn_bytes = self._truncate_torn_tail()
-            self.done = {(task_id, sample) for task_id, sample in self._scan_keys()}
-        elif self.path.exists():
-            self.path.unlink()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._scan(plan, redo_failed, environment_name)
+            self._fd = self._open(os.O_WRONLY | os.O_APPEND)
+            return
+        self._create(truncate=self.path.exists())
+
+    # --- opening ----------------------------------------------------------------------------------
+
+    def _open(self, flags: int) -> int:
+        try:
+            return os.open(self.path, flags, 0o644)
+        except OSError as error:
+            raise UserPathError.from_os_error(self.path, error, "open the results file") from error
+
+    def _create(self, *, truncate: bool) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserPathError.from_os_error(self.path.parent, error, "create the directory") from error
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+        self._fd = self._open(flags)
+        self.header = results_header(self.identity)
+        try:
+            self._append((json.dumps(self.header, ensure_ascii=False) + "\n").encode("utf-8"))
+        except UserPathError:
+            self.close()
+            if not truncate:
+                self.path.unlink(missing_ok=True)  # we made it; leave nothing half-made behind
+            raise
 
     def _truncate_torn_tail(self) -> int:
         """Cut everything after the last newline (a line the previous run did not finish)."""
         size = self.path.stat().st_size
-        if size == 0:
-            return 0
-        with open(self.path, "rb+") as handle:
-            position, chunk = size, 65536
-            while position > 0:
-                start = max(0, position - chunk)
-                handle.seek(start)
-                data = handle.read(position - start)
-                newline = data.rfind(b"\n")
-                if newline >= 0:
-                    keep = start + newline + 1
-                    break
-                position = start
-            else:
-                keep = 0
-            if keep < size:
-                handle.truncate(keep)
-            return size - keep
+        try:
+            with open(self.path, "rb+") as handle:
+                position, chunk = size, 65536
+                while position > 0:
+                    start = max(0, position - chunk)
+                    handle.seek(start)
+                    data = handle.read(position - start)
+                    newline = data.rfind(b"\n")
+                    if newline >= 0:
+                        keep = start + newline + 1
+                        break
+                    position = start
+                else:
+                    keep = 0
+                if keep < size:
+                    handle.truncate(keep)
+        except OSError as error:
+            raise UserPathError.from_os_error(self.path, error, "resume") from error
+        return size - keep
 
-    def _scan_keys(self) -> Iterator[Key]:
-        with open(self.path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
+    def _scan(self, plan: Collection[Key] | None, redo_failed: bool, environment_name: str | None) -> None:
+        """Validate every line; fill :attr:`done` and :attr:`failed`."""
+        last_ok: dict[Key, bool] = {}
+        where: dict[Key, int] = {}
+        plan_tasks = {task_id for task_id, _ in plan} if plan is not None else None
+        with open(self.path, encoding="utf-8", errors="replace") as handle:
+            next(handle)  # the header
+            for number, line in enumerate(handle, start=2):
                 if not line.strip():
                     continue
+                at = f"{self.path}:{number}"
                 try:
                     data = json.loads(line)
-                    yield str(data["task_id"]), int(data["sample"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+                except json.JSONDecodeError as error:
+                    raise ConfigError(f"{at} is not valid JSON ({error.msg}); the file was edited") from error
+                if _is_header(data):
+                    raise ConfigError(f"{at} is a second header: two results files were joined")
+                if not _looks_like_result(data):
+                    raise ConfigError(f"{at} is not a rollout result (no task_id, sample and trajectory)")
+                try:
+                    result = RolloutResult.from_dict(data)
+                except (ConfigError, KeyError, TypeError, ValueError) as error:
+                    raise ConfigError(f"{at} is not a valid rollout result ({error})") from error
+                key = (result.task_id, result.sample)
+                if result.trajectory.task_id != result.task_id:
                     raise ConfigError(
-                        f"{self.path}:{number} is not a rollout result ({error}); "
-                        "it was not written by agentboost's runner, or was edited"
-                    ) from error
+                        f"{at}: the trajectory is of task {result.trajectory.task_id!r}, "
+                        f"the line says {result.task_id!r}"
+                    )
+                line_environment = result.trajectory.info.get("environment")
+                if environment_name and line_environment and line_environment != environment_name:
+                    raise ConfigError(
+                        f"{at} is a result of environment {line_environment!r}, not {environment_name!r}; "
+                        "results of different environments cannot share a file"
+                    )
+                if plan is not None and key not in plan:
+                    recorded = self.header["run"] if self.header else {}
+                    what = (
+                        f"task {key[0]!r} is not one of this run's tasks"
+                        if key[0] not in plan_tasks
+                        else f"sample {key[1]} of task {key[0]!r} is beyond this run's samples"
+                    )
+                    raise ConfigError(
+                        f"{at}: {what} (the file was written with -n {recorded.get('tasks')} "
+                        f"--samples {recorded.get('samples')}); use the same -n and --samples or larger, "
+                        "or choose another --out"
+                    )
+                ok = not result.failed
+                if last_ok.get(key):
+                    raise ConfigError(
+                        f"{at} repeats task {key[0]!r} sample {key[1]}, already finished at line "
+                        f"{where[key]}; the file was edited or two files were joined"
+                    )
+                last_ok[key] = ok
+                where[key] = number
+        self.failed = {key for key, ok in last_ok.items() if not ok}
+        self.done = {key for key, ok in last_ok.items() if ok or not redo_failed}
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def _append(self, line: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # os.write may write less than asked; finish the same line
+                written += os.write(self._fd, line[written:])
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError as error:
+            self._error = UserPathError.from_os_error(self.path, error, "write results to")
+            raise self._error from error
 
     def write(self, result: RolloutResult) -> None:
+        """Append one result (blocking: serialises, writes, fsyncs)."""
         key = (result.task_id, result.sample)
         if key in self.done:
             raise ConfigError(f"result for task {key[0]!r} sample {key[1]} is already in {self.path}")
-        line = (json.dumps(result.to_dict(), ensure_ascii=False) + "\n").encode("utf-8")
-        written = os.write(self._fd, line)
-        while written < len(line):  # os.write may write less than asked; finish the same line
-            written += os.write(self._fd, line[written:])
-        if self.fsync:
-            os.fsync(self._fd)
+        self._append((json.dumps(result.to_dict(), ensure_ascii=False) + "\n").encode("utf-8"))
         self.done.add(key)
+        self.failed.discard(key)
+        if result.failed:
+            self.failed.add(key)
+
+    async def awrite(self, result: RolloutResult) -> None:
+        """:meth:`write` on the store's own writer thread, so the event loop never waits on the disk."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentboost-results")
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.write, result)
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -95,16 +354,73 @@ class ResultStore:
         self.close()
 
 
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The header of a results file (None for a file written before headers existed)."""
+    try:
+        return identify(path)
+    except LegacyResultsError:
+        return None
+
+
 def read_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
-    """Read a results file; a torn last line (a killed run) is skipped, any other bad line raises."""
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
-    for number, line in enumerate(lines, start=1):
+    """The results of a results file, in file order, skipping the header.
+
+    A torn last line (a killed run) is skipped; any other bad line raises. When a (task, sample)
+    pair has several lines (a failed rollout run again on resume), only its last line is yielded.
+    """
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(_HEADER_LIMIT)
+    except OSError as error:
+        raise UserPathError.from_os_error(path, error, "read") from error
+    try:
+        if not _is_header(json.loads(first)):
+            first = b""  # a file from before headers: its first line is a result
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        if first.endswith(b"\n") or len(first) >= _HEADER_LIMIT:
+            raise ConfigError(
+                f"{path} is not an agentboost results file (its first line is not JSON)"
+            ) from None
+    try:
+        text = Path(path).read_bytes()[len(first) :].decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {path} as an agentboost results file: {error}") from error
+    offset = 2 if first else 1
+    lines = text.split("\n")
+    last: dict[Key, int] = {}
+    keys: list[Key | None] = []
+    for index, line in enumerate(lines):
+        key = _line_key(line)
+        keys.append(key)
+        if key is not None:
+            last[key] = index
+    for index, line in enumerate(lines):
         if not line.strip():
             continue
+        key = keys[index]
+        if key is not None and last[key] != index:
+            continue  # superseded by a later attempt
+        number = index + offset
         try:
             data = json.loads(line)
         except json.JSONDecodeError as error:
-            if number == len(lines):  # no newline after it: the writer was killed mid-line
+            if index == len(lines) - 1:  # no newline after it: the writer was killed mid-line
                 return
             raise ConfigError(f"{path}:{number} is not a complete JSON line ({error.msg})") from error
+        if not _looks_like_result(data):
+            raise ConfigError(f"{path}:{number} is not a rollout result (no task_id, sample and trajectory)")
         yield RolloutResult.from_dict(data)
+
+
+def _line_key(line: str) -> Key | None:
+    """(task_id, sample) of a result line, read from its start when written by agentboost."""
+    match = _KEY_PREFIX.match(line)
+    if match is not None:
+        return json.loads(match.group(1)), int(match.group(2))
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+        return str(data["task_id"]), int(data["sample"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None

@@ -12,7 +12,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +52,16 @@ class RunConfig:
     """Base of the per-(task, sample) sampling seeds, so a resumed run samples what a fresh one would."""
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        for name in ("samples", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(f"retries must be an integer >= 0 (0: no retries), got {self.retries!r}")
+        if not self.retry_backoff_s >= 0:
+            raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s!r}")
+
 
 @dataclass
 class RunSummary:
@@ -65,6 +75,8 @@ class RunSummary:
     generated_tokens: int = 0
     retried: int = 0
     elapsed_s: float = 0.0
+    first_failure: str | None = None
+    """Why the first failed rollout of this run failed (task, sample, termination and its detail)."""
 
     @property
     def mean_reward(self) -> float | None:
@@ -88,10 +100,9 @@ def job_seed(base: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{base}:{task_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
-def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> list[Job]:
-    """Every (task, sample) pair, tasks in order, samples of a task together."""
-    jobs = []
-    seen: set[str] = set()
+def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> set[tuple[str, int]]:
+    """The (task_id, sample) pairs of a run; raises ConfigError for a non-Task or two tasks with one id."""
+    keys: set[tuple[str, int]] = set()
     for task in tasks:
         if not isinstance(task, Task):
             raise ConfigError(
@@ -99,13 +110,25 @@ def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig
                 f"got {type(task).__name__}"
             )
         task_id = task.id
-        if task_id in seen:
+        if (task_id, 0) in keys:
             raise ConfigError(f"two tasks share the id {task_id!r}; task ids must be unique to resume")
-        seen.add(task_id)
+        keys.update((task_id, sample) for sample in range(config.samples))
+    return keys
+
+
+def iter_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Iterator[Job]:
+    """Every (task, sample) pair, tasks in order, samples of a task together, made as they are needed."""
+    for task in tasks:
+        task_id = task.id
         payload = task.to_dict()
         for sample in range(config.samples):
-            jobs.append(Job(task_id, payload, sample, job_seed(config.seed, task_id, sample)))
-    return jobs
+            yield Job(task_id, payload, sample, job_seed(config.seed, task_id, sample))
+
+
+def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> list[Job]:
+    """:func:`iter_jobs` as a list, after checking that task ids are unique."""
+    plan_keys(environment, tasks, config)
+    return list(iter_jobs(environment, tasks, config))
 
 
 def in_process(
@@ -115,14 +138,21 @@ def in_process(
     *,
     sampling: SamplingParams | None = None,
     limits: RolloutLimits | None = None,
+    template: str | None = None,
 ) -> Execute:
     """Run each job as a coroutine in this process's event loop."""
-    base = sampling or SamplingParams()
+    base = sampling if sampling is not None else SamplingParams()
 
     async def execute(job: Job) -> RolloutResult:
         task = Task.from_dict(job.task)
         return await environment.rollout(
-            task, engine, tokenizer, sampling=replace(base, seed=job.seed), limits=limits, sample=job.sample
+            task,
+            engine,
+            tokenizer,
+            sampling=replace(base, seed=job.seed),
+            limits=limits,
+            template=template,
+            sample=job.sample,
         )
 
     return execute
@@ -145,25 +175,46 @@ def crashed_result(job: Job, detail: str) -> RolloutResult:
     )
 
 
+def failure_cause(result: RolloutResult) -> str:
+    """One line saying which rollout failed and why."""
+    trajectory = result.trajectory
+    if trajectory.termination.failed:
+        why = f"{trajectory.termination.value}: {trajectory.termination_detail or 'no detail'}"
+    else:
+        why = f"reward failed: {result.reward_error}"
+    return f"task {result.task_id!r} sample {result.sample}: {why}"
+
+
 async def run_jobs(
-    jobs: Sequence[Job], execute: Execute, store: ResultStore, config: RunConfig
+    jobs: Iterable[Job],
+    execute: Execute,
+    store: ResultStore,
+    config: RunConfig,
+    *,
+    total: int | None = None,
 ) -> RunSummary:
-    """Run the jobs not yet in ``store``; write each result as soon as it is final."""
-    pending = [job for job in jobs if (job.task_id, job.sample) not in store.done]
-    summary = RunSummary(total=len(jobs), skipped=len(jobs) - len(pending))
+    """Run the jobs not yet in ``store``; write each result as soon as it is final.
+
+    ``jobs`` may be a lazy iterator: at most ``config.concurrency`` jobs are held at once, and no
+    task is created per job up front. ``total`` (the number of jobs, for the progress bar) is taken
+    from ``len(jobs)`` when not given. Results are written on the store's writer thread.
+    """
+    if total is None:
+        total = len(jobs) if isinstance(jobs, Sequence) else 0
+    summary = RunSummary(total=total, skipped=0)
     started = time.perf_counter()
-    semaphore = asyncio.Semaphore(config.concurrency)
     bar = None
     if config.progress:
         from tqdm import tqdm
 
-        bar = tqdm(
-            total=len(jobs), initial=summary.skipped, unit="rollout", file=sys.stderr, dynamic_ncols=True
-        )
+        bar = tqdm(total=total or None, unit="rollout", file=sys.stderr, dynamic_ncols=True)
+    source = iter(jobs)
 
     async def attempt(job: Job) -> RolloutResult:
         delay = config.retry_backoff_s
-        for number in range(1, config.retries + 2):
+        number = 0
+        while True:
+            number += 1
             try:
                 result = await execute(job)
             except WorkerCrashed as crash:
@@ -174,17 +225,20 @@ async def run_jobs(
             summary.retried += 1
             await asyncio.sleep(delay)
             delay *= 2
-        raise AssertionError("unreachable")
 
-    async def one(job: Job) -> None:
-        async with semaphore:
-            result = await attempt(job)
-        store.write(result)
+    async def record(result: RolloutResult) -> None:
+        writer = getattr(store, "awrite", None)
+        if writer is not None:
+            await writer(result)
+        else:
+            store.write(result)
         summary.completed += 1
         summary.terminations[result.termination.value] += 1
         summary.generated_tokens += result.trajectory.generated_tokens
         if result.failed:
             summary.failed += 1
+            if summary.first_failure is None:
+                summary.first_failure = failure_cause(result)
         if result.reward is not None:
             summary.rewards.append(result.reward)
         if bar is not None:
@@ -198,10 +252,28 @@ async def run_jobs(
             )
             bar.update(1)
 
+    async def lane() -> None:
+        """One of ``concurrency`` lanes: take the next job not yet done, run it, write it, repeat."""
+        for job in source:  # one shared iterator: each job is taken by exactly one lane
+            if (job.task_id, job.sample) in store.done:
+                summary.skipped += 1
+                if bar is not None:
+                    bar.update(1)
+                continue
+            await record(await attempt(job))
+
+    lanes = [asyncio.ensure_future(lane()) for _ in range(config.concurrency)]
     try:
-        await asyncio.gather(*(one(job) for job in pending))
+        done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
+        for finished in done:
+            finished.result()  # the first error (e.g. the disk is full) ends the run
     finally:
+        for task in lanes:
+            task.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
         summary.elapsed_s = time.perf_counter() - started
         if bar is not None:
             bar.close()
+    if not total:
+        summary.total = summary.skipped + summary.completed
     return summary

@@ -1,8 +1,9 @@
 """The worker process: ``python -m agentboost.rollout.worker SPEC_JSON`` (started by WorkerPool).
 
-Reads jobs (JSON lines) on stdin, runs up to ``spec.concurrency`` rollouts at once in one event loop,
-and writes one JSON line per finished job on the fd named by ``AGENTBOOST_RESULT_FD``. Anything else
-the process prints goes to stderr.
+Builds its environment, tokenizer and engine, then says ``{"ready": true}`` (or ``{"fatal": message}``
+and exits when it cannot: the parent ends the run with that message). Reads jobs (JSON lines) on
+stdin, runs up to ``spec.concurrency`` rollouts at once in one event loop, and writes one JSON line
+per finished job on the fd named by ``AGENTBOOST_RESULT_FD``. Anything else it prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -12,30 +13,53 @@ import dataclasses
 import json
 import os
 import sys
+import traceback
 from typing import Any
 
+SETUP_FAILED = 3
+"""Exit status of a worker that could not build its setup."""
 
-async def _serve(spec: dict[str, Any], results: Any) -> None:
+
+def _describe(error: BaseException) -> str:
+    """The one line the parent prints: an agentboost error's own message, else its type and text."""
+    from agentboost.errors import AgentBoostError
+
+    if isinstance(error, AgentBoostError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+async def _serve(spec: dict[str, Any], results: Any) -> int:
     from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment
     from agentboost.envs.task import Task
 
-    environment = make_environment(spec["environment"], spec["environment_kwargs"])
-    tokenizer = load_tokenizer(spec["model"])
-    engine = make_engine(spec["engine"], model=spec["model"], urls=spec["urls"])
-    sampling = SamplingParams(**spec["sampling"])
-    limits = RolloutLimits(**spec["limits"]) if spec.get("limits") else None
+    def reply(message: dict[str, Any]) -> None:
+        results.write(json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n")
+        results.flush()
+
+    try:
+        environment = make_environment(spec["environment"], spec["environment_kwargs"])
+        tokenizer = load_tokenizer(spec["model"])
+        engine = make_engine(spec["engine"], model=spec["model"], urls=spec["urls"])
+        sampling = SamplingParams(**spec["sampling"])
+        limits = RolloutLimits(**spec["limits"]) if spec.get("limits") else None
+        template = spec.get("template")
+    except Exception as error:
+        from agentboost.errors import AgentBoostError
+
+        if not isinstance(error, AgentBoostError):
+            traceback.print_exc()  # a bug, not a setting: the parent shows its one line, this the rest
+        reply({"fatal": _describe(error)})
+        return SETUP_FAILED
+    reply({"ready": True})
     slots = asyncio.Semaphore(spec["concurrency"])
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader(limit=1 << 30)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
     running: set[asyncio.Task[None]] = set()
-
-    def reply(message: dict[str, Any]) -> None:
-        results.write(json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n")
-        results.flush()
 
     async def run(job: dict[str, Any]) -> None:
         async with slots:
@@ -47,11 +71,16 @@ async def _serve(spec: dict[str, Any], results: Any) -> None:
                     tokenizer,
                     sampling=dataclasses.replace(sampling, seed=job["seed"]),
                     limits=limits,
+                    template=template,
                     sample=job["sample"],
                 )
-                reply({"id": job["id"], "result": result.to_dict()})
+                line = {"id": job["id"], "result": result.to_dict()}
             except Exception as error:  # a bad job must not take the worker down
-                reply({"id": job["id"], "error": f"{type(error).__name__}: {error}"})
+                line = {"id": job["id"], "error": _describe(error)}
+            try:
+                reply(line)
+            except (TypeError, ValueError) as error:  # a result that is not JSON-serialisable
+                reply({"id": job["id"], "error": f"the result could not be sent: {error}"})
 
     while line := await stdin.readline():
         job_task = asyncio.create_task(run(json.loads(line)))
@@ -60,13 +89,14 @@ async def _serve(spec: dict[str, Any], results: Any) -> None:
     if running:
         await asyncio.gather(*running)
     await engine.aclose()
+    return 0
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
     results = os.fdopen(int(os.environ["AGENTBOOST_RESULT_FD"]), "wb", buffering=0)
     sys.stdout = sys.stderr  # nothing printed by tools or libraries reaches the protocol pipe
-    asyncio.run(_serve(spec, results))
+    sys.exit(asyncio.run(_serve(spec, results)))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import RolloutResult
-from agentboost.errors import ConfigError
+from agentboost.errors import AgentBoostError, ConfigError
 from agentboost.rollout.runner import Job, WorkerCrashed
 
 _LINE_LIMIT = 1 << 30  # a 1,000-turn trajectory is a long line
@@ -41,6 +42,7 @@ class WorkerSpec:
     sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
     limits: dict[str, Any] | None = None
     concurrency: int = 64
+    template: str | None = None
 
     @classmethod
     def build(
@@ -54,6 +56,7 @@ class WorkerSpec:
         sampling: SamplingParams | None = None,
         limits: RolloutLimits | None = None,
         concurrency: int = 64,
+        template: str | None = None,
     ) -> WorkerSpec:
         return cls(
             environment=environment,
@@ -64,7 +67,18 @@ class WorkerSpec:
             sampling=dataclasses.asdict(sampling or SamplingParams()),
             limits=dataclasses.asdict(limits) if limits is not None else None,
             concurrency=concurrency,
+            template=template,
         )
+
+
+class WorkerSetupError(AgentBoostError):
+    """A worker could not build its environment, tokenizer or engine, or workers kept dying at start.
+
+    Its message is the one the same mistake gives without workers, so the run ends the same way.
+    """
+
+
+_KEY = re.compile(rb'^\{"id":\s*(\d+)')
 
 
 class _Worker:
@@ -76,30 +90,75 @@ class _Worker:
 
 
 class WorkerPool:
-    """N worker processes; :meth:`execute` is the runner's execution function."""
+    """N worker processes; :meth:`execute` is the runner's execution function.
 
-    def __init__(self, spec: WorkerSpec, workers: int = 2) -> None:
-        if workers < 1:
-            raise ConfigError(f"a worker pool needs at least one worker, got {workers}")
+    A worker that dies is replaced after a pause that doubles with each death in a row (from
+    ``restart_backoff_s``); after ``max_restarts`` deaths in a row without a result between them,
+    or as soon as a worker reports that it cannot be set up, the pool stops and every rollout
+    waiting on it fails with that cause.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        workers: int = 2,
+        *,
+        max_restarts: int = 5,
+        restart_backoff_s: float = 0.5,
+        max_restart_backoff_s: float = 30.0,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"a worker pool needs at least one worker, got {workers!r}")
+        if max_restarts < 0 or restart_backoff_s < 0:
+            raise ConfigError("max_restarts and restart_backoff_s must be >= 0")
         self.spec = spec
         self.size = workers
         self.workers: list[_Worker] = []
         self.started = 0
         """Processes started over the pool's life (replacements included)."""
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
+        self.max_restart_backoff_s = max_restart_backoff_s
+        self._deaths_in_a_row = 0
+        self._fatal: AgentBoostError | None = None
         self._next_id = 0
         self._closing = False
+        self._readers: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        """Set when a worker was replaced or the pool gave up: jobs waiting for a live worker look again."""
         self._capacity = asyncio.Semaphore(workers * spec.concurrency)
 
     async def __aenter__(self) -> WorkerPool:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def start(self) -> None:
-        while len(self.workers) < self.size:
-            self.workers.append(await self._spawn())
+        """Start the workers and wait until each has built its setup (or one reports it cannot)."""
+        spawned = await asyncio.gather(
+            *(self._first_spawn() for _ in range(self.size - len(self.workers))), return_exceptions=True
+        )
+        for outcome in spawned:
+            if isinstance(outcome, _Worker):
+                self.workers.append(outcome)
+        for outcome in spawned:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _first_spawn(self) -> _Worker:
+        try:
+            return await self._spawn()
+        except WorkerCrashed as crash:
+            replacement = await self._respawn(crash)
+            if replacement is None:
+                raise self._fatal or crash from None
+            return replacement
 
     async def _spawn(self) -> _Worker:
         read_fd, write_fd = os.pipe()
@@ -113,48 +172,144 @@ class WorkerPool:
             )
         finally:
             os.close(write_fd)
+        self.started += 1
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=_LINE_LIMIT)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb"))
         worker = _Worker(process, reader)
+        first = await reader.readline()  # {"ready": true}, or {"fatal": ...} when setup failed
+        try:
+            hello = json.loads(first) if first else {}
+        except json.JSONDecodeError:
+            hello = {}
+        if "fatal" in hello:
+            await process.wait()
+            self._fatal = WorkerSetupError(str(hello["fatal"]))
+            raise self._fatal
+        if not hello.get("ready"):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()  # it said something else first, or nothing: it cannot be trusted
+            code = await process.wait()
+            raise WorkerCrashed(f"worker process {process.pid} exited with code {code} while starting")
         worker.reader = asyncio.create_task(self._read(worker))
-        self.started += 1
+        self._readers.add(worker.reader)
+        worker.reader.add_done_callback(self._readers.discard)
         return worker
+
+    def _resolve(self, worker: _Worker, line: bytes) -> None:
+        """Settle the future a result line answers. A malformed line fails only its own rollout."""
+        try:
+            message = json.loads(line)
+            job_id = message["id"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+            match = _KEY.match(line)
+            if match is None:  # cannot tell whose it is: the worker is broken, retire it
+                print(
+                    f"agentboost: worker {worker.process.pid} sent an unreadable line ({error}); "
+                    "replacing it",
+                    file=sys.stderr,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.kill()
+                return
+            job_id, message = int(match.group(1)), {"malformed": str(error)}
+        future = worker.in_flight.pop(job_id, None)
+        if future is None or future.done():
+            return
+        if "result" in message:
+            try:
+                future.set_result(RolloutResult.from_dict(message["result"]))
+                self._deaths_in_a_row = 0
+            except Exception as error:  # a result that does not parse fails only this rollout
+                future.set_exception(WorkerCrashed(f"the worker's result could not be read: {error}"))
+        elif "error" in message:
+            future.set_exception(WorkerSetupError(str(message["error"])))
+        else:
+            reason = message.get("malformed", "no result in it")
+            future.set_exception(WorkerCrashed(f"the worker sent a malformed result line ({reason})"))
 
     async def _read(self, worker: _Worker) -> None:
         """Resolve results as they arrive; when the worker dies, fail its rollouts and replace it."""
         while True:
-            line = await worker.results.readline()
+            try:
+                line = await worker.results.readline()
+            except (ValueError, asyncio.LimitOverrunError) as error:  # a line beyond the limit
+                print(f"agentboost: worker {worker.process.pid}: {error}; replacing it", file=sys.stderr)
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.kill()
+                break
             if not line:
                 break
-            message = json.loads(line)
-            future = worker.in_flight.pop(message["id"], None)
-            if future is None or future.done():
-                continue
-            if "result" in message:
-                future.set_result(RolloutResult.from_dict(message["result"]))
-            else:
-                future.set_exception(ConfigError(f"worker could not run the job: {message['error']}"))
+            self._resolve(worker, line)
         code = await worker.process.wait()
         crash = WorkerCrashed(f"worker process {worker.process.pid} exited with code {code}")
         for future in worker.in_flight.values():
             if not future.done():
                 future.set_exception(crash)
         worker.in_flight.clear()
-        if not self._closing and worker in self.workers:
-            self.workers[self.workers.index(worker)] = await self._spawn()
+        if self._closing or worker not in self.workers:
+            return
+        await self._replace(worker, crash)
+
+    async def _replace(self, worker: _Worker, crash: WorkerCrashed) -> None:
+        replacement = await self._respawn(crash)
+        if replacement is not None and worker in self.workers:
+            self.workers[self.workers.index(worker)] = replacement  # close() stops it if closing
+        self._changed.set()
+
+    async def _respawn(self, crash: WorkerCrashed) -> _Worker | None:
+        """A new worker after a pause that doubles with each death in a row; None after the bound."""
+        while not self._closing and self._fatal is None:
+            self._deaths_in_a_row += 1
+            if self._deaths_in_a_row > self.max_restarts:
+                self._fatal = WorkerSetupError(
+                    f"worker processes died {self._deaths_in_a_row} times in a row without finishing a "
+                    f"rollout (last: {crash}); see the worker's output above for the cause"
+                )
+                self._fail_everything(self._fatal)
+                return None
+            delay = min(self.max_restart_backoff_s, self.restart_backoff_s * 2 ** (self._deaths_in_a_row - 1))
+            await asyncio.sleep(delay)
+            try:
+                return await self._spawn()
+            except WorkerCrashed as error:
+                crash = error
+            except AgentBoostError as error:
+                self._fail_everything(error)
+                return None
+        return None
+
+    def _fail_everything(self, error: BaseException) -> None:
+        self._changed.set()
+        for other in self.workers:
+            for future in other.in_flight.values():
+                if not future.done():
+                    future.set_exception(error)
+            other.in_flight.clear()
 
     async def execute(self, job: Job) -> RolloutResult:
+        if self._fatal is not None:
+            raise self._fatal
         async with self._capacity:
-            alive = [w for w in self.workers if w.process.returncode is None] or self.workers
-            worker = min(alive, key=lambda w: len(w.in_flight))
+            if self._fatal is not None:
+                raise self._fatal
+            while True:  # while every worker is being replaced, wait instead of failing the job
+                if self._fatal is not None:
+                    raise self._fatal
+                alive = [w for w in self.workers if w.process.returncode is None]
+                if alive or self._closing:
+                    break
+                self._changed.clear()
+                await self._changed.wait()
+            worker = min(alive or self.workers, key=lambda w: len(w.in_flight))
             self._next_id += 1
             job_id = self._next_id
             future: asyncio.Future[RolloutResult] = asyncio.get_running_loop().create_future()
             worker.in_flight[job_id] = future
             line = json.dumps({"id": job_id, **dataclasses.asdict(job)}) + "\n"
+            if worker.process.stdin is None:
+                raise WorkerCrashed(f"worker process {worker.process.pid} has no input pipe")
             try:
-                assert worker.process.stdin is not None
                 worker.process.stdin.write(line.encode("utf-8"))
                 await worker.process.stdin.drain()
             except (ConnectionError, RuntimeError) as error:
@@ -163,18 +318,27 @@ class WorkerPool:
             return await future
 
     async def close(self) -> None:
+        """Stop every worker, replacements being started included; waits for them to exit."""
         self._closing = True
-        for worker in self.workers:
-            if worker.process.stdin is not None:
-                with contextlib.suppress(Exception):
-                    worker.process.stdin.close()
-        for worker in self.workers:
-            try:
-                await asyncio.wait_for(worker.process.wait(), timeout=10)
-            except asyncio.TimeoutError:
-                worker.process.kill()
-                await worker.process.wait()
-            if worker.reader is not None:
-                with contextlib.suppress(Exception):
-                    await worker.reader
+        stopped: set[int] = set()
+        while True:
+            workers = [w for w in self.workers if id(w) not in stopped]
+            readers = [task for task in self._readers if not task.done()]
+            if not workers and not readers:
+                break
+            for worker in workers:
+                if worker.process.stdin is not None:
+                    with contextlib.suppress(Exception):
+                        worker.process.stdin.close()
+            for worker in workers:
+                try:
+                    await asyncio.wait_for(worker.process.wait(), timeout=10)
+                except asyncio.TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        worker.process.kill()
+                    await worker.process.wait()
+                stopped.add(id(worker))
+            # readers finish their worker's bookkeeping; one replacing a dead worker puts its
+            # replacement in self.workers, which the next pass stops
+            await asyncio.gather(*readers, return_exceptions=True)
         self.workers = []

@@ -216,6 +216,37 @@ class TrainConfig:
             (self.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1"),
             (self.rollout.group_size >= 2, "rollout.group_size must be >= 2: a group needs a baseline"),
             (self.rollout.temperature > 0, "rollout.temperature must be > 0: training samples the policy"),
+            (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+            (self.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 disables it)"),
+            (self.rollout.concurrency >= 1, "rollout.concurrency must be >= 1"),
+            (self.rollout.retries >= 0, "rollout.retries must be >= 0 (0: no retries)"),
+            *(
+                (value is None or value >= 1, f"rollout.{name} must be >= 1 (or null for the environment's)")
+                for name, value in (
+                    ("max_turns", self.rollout.max_turns),
+                    ("max_new_tokens", self.rollout.max_new_tokens),
+                    ("max_total_tokens", self.rollout.max_total_tokens),
+                )
+            ),
+            (
+                self.rollout.timeout_s is None or self.rollout.timeout_s > 0,
+                "rollout.timeout_s must be > 0 (or null for the environment's)",
+            ),
+            (
+                self.environment.train_tasks is None or self.environment.train_tasks >= 1,
+                "environment.train_tasks must be >= 1 (or null for the environment's default)",
+            ),
+            (self.lora.rank >= 1, "lora.rank must be >= 1"),
+            (self.eval.tasks >= 1, "eval.tasks must be >= 1 (set eval.every: 0 to disable evaluation)"),
+            (
+                self.eval.max_new_tokens is None or self.eval.max_new_tokens >= 1,
+                "eval.max_new_tokens must be >= 1 (or null for the training value)",
+            ),
+            (self.threads is None or self.threads >= 1, "threads must be >= 1 (or null for torch's default)"),
+            (
+                not Path(self.output_dir).exists() or Path(self.output_dir).is_dir(),
+                f"output_dir {self.output_dir} is a file; name a directory (it is created if missing)",
+            ),
             (self.algorithm.epochs >= 1, "algorithm.epochs must be >= 1"),
             (self.algorithm.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
             (0 <= self.algorithm.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),

@@ -60,6 +60,7 @@ def test_results_resume_skip_done_pairs_and_cut_a_torn_line(qwen_tokenizer, say,
     results = list(read_results(path))
     assert sorted((r.task_id, r.sample) for r in results) == sorted((j.task_id, j.sample) for j in jobs)
     assert all(line.endswith("}") for line in path.read_text().splitlines())
+    assert len(path.read_text().splitlines()) == 1 + len(jobs)  # the header, then one line per pair
 
 
 def test_runner_killed_with_sigkill_resumes_to_exactly_tasks_times_samples(tokenizer_dir, tmp_path):
@@ -71,12 +72,13 @@ def test_runner_killed_with_sigkill_resumes_to_exactly_tasks_times_samples(token
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    lines_before = out.read_text().count("\n")
+    lines_before = out.read_text().count("\n") - 1  # the header is the first line
     assert 5 <= lines_before < 36, "the runner must be killed mid-run"
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert f"({lines_before} already done" in finished.stdout
-    lines = out.read_text().splitlines()
+    header, *lines = out.read_text().splitlines()
+    assert json.loads(header)["format"] == "agentboost.results"
     keys = [(json.loads(line)["task_id"], json.loads(line)["sample"]) for line in lines]
     assert len(keys) == 36 == len(set(keys))  # 12 tasks x 3 samples, no duplicates, no torn lines
 
