@@ -27,6 +27,7 @@ import asyncio
 import importlib.util
 import os
 import statistics
+import sys
 import time
 from dataclasses import replace
 from typing import Any
@@ -185,6 +186,7 @@ def load_before(path: str) -> type:
     spec = importlib.util.spec_from_file_location("agentboost_engine_before", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module.LocalEngine
 

@@ -342,3 +342,47 @@ def test_the_cache_matches_at_token_level_and_splits_runs():
     assert torch.equal(matched[:, :, :, 3:], other[:, :, :, :1])
     cache.check_invariants()
     assert cache.stats.tokens == 9 and cache.stats.entries == 3
+
+
+@pytest.mark.slow
+def test_the_real_default_model_gives_the_same_results_with_the_cache():
+    from agentboost.engines.factory import load_tokenizer
+    from agentboost.engines.models import pull_default_model
+
+    path = pull_default_model(quiet=True)
+    tokenizer = load_tokenizer(str(path))
+    real = LocalEngine.from_pretrained(str(path), device="cpu", prefix_cache_bytes=0).model
+    cached, uncached = both(real)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    start = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "You are a calculator agent. Call tools to compute."},
+            {"role": "user", "content": "What is 12 * 7 + 5?"},
+        ],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=(end,))
+    for a, b in zip(
+        conversation(cached, start, greedy, turns=3),
+        conversation(uncached, start, greedy, turns=3),
+        strict=True,
+    ):
+        assert_same(a[1], b[1])
+
+    def group(engine: LocalEngine) -> list[Generation]:
+        sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8)
+
+        async def main():
+            return await asyncio.gather(
+                *(engine.generate(start, replace(sampling, seed=i)) for i in range(8))
+            )
+
+        return run(main())
+
+    for a, b in zip(group(cached), group(uncached), strict=True):
+        assert_same(a, b)
+    assert cached.prefix_cache_stats().hit_rate > 0.5
+    cached.close()
+    uncached.close()
