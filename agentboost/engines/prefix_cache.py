@@ -262,6 +262,8 @@ class PrefixCache:
             for first, child in node.children.items():
                 assert child.tokens and child.tokens[0] == first and child.parent is node
                 assert child.kv is not None and child.kv.shape[3] == len(child.tokens)
+                # no entry is a view that keeps a larger tensor alive behind the books
+                assert child.kv.untyped_storage().nbytes() == child.kv.numel() * child.kv.element_size()
                 tokens += len(child.tokens)
                 size += child.kv.numel() * child.kv.element_size()
                 entries += 1
