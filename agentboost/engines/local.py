@@ -25,13 +25,15 @@ through the parameters themselves (optimizer steps, ``load_state_dict``) are det
 their version counters; KV computed under older weights is never inserted.
 
 **Why not transformers' own continuous batching** (``transformers.generation.continuous_batching``,
-5.10.4, measured on this 2-core CPU with SmolLM2-135M fp32, 16 prompts of 200 tokens, 32 new tokens,
-figures in docs/engines.md): it samples with the global torch RNG and one seed per manager (no per-request
-seeds, and ``seed=`` reseeds the global RNG), returns log-probabilities of the distribution after its
-logits processors (not ``log_softmax(logits / T)`` before top-k/top-p, which our trainer relies on),
-shares prefixes only in whole 256-token blocks (a turn appends fewer tokens than that, so multi-turn
-reuse is mostly lost), and ran 5-10x slower than our engine on CPU. It would also need a second copy of
-the model's KV layout (paged) that the trainer cannot see. We keep our scheduler.
+read and run with 5.10.4 on this 2-core CPU; details in docs/engines.md). It takes token ids, per-request
+stop ids, per-request temperature/top-k/top-p (with ``per_request_processors``) and cancellation, and it
+runs on CPU (SmolLM2-135M fp32, 16 prompts of 200 ids, 32 new tokens: 37.9 s, 13.5 tokens/s, machine at
+load ~6). But it fails two contracts the trainer rests on: it samples with the global torch RNG under
+one seed per manager (set with ``torch.manual_seed``), so there are no per-request seeds and a request's
+tokens depend on its batch; and its log-probabilities are taken after its logits processors (after
+top-k/top-p), not ``log_softmax(logits / T)`` before truncation. Its prefix sharing reuses whole
+256-token blocks only, so a turn that appends a tool result reuses little, and block hashes outlive a
+weight update unless the manager is destroyed. We keep our scheduler and add the prefix cache to it.
 
 Log-probabilities follow :mod:`agentboost.engines.base`: ``log_softmax(logits / T)`` at the
 sampled id, before top-k / top-p truncation, computed in fp32.
