@@ -73,14 +73,16 @@ def first_prompt(model: Any, tokenizer: Any) -> list[int]:
     return recorder.prompts[0]
 
 
-def multi_turn(engine: LocalEngine, start: list[int], tokenizer: Any, turns: int) -> list[dict[str, float]]:
+def multi_turn(
+    engine: LocalEngine, start: list[int], tokenizer: Any, turns: int, new_tokens: int, label: str
+) -> list[dict[str, float]]:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    sampling = SamplingParams(temperature=0, max_new_tokens=32, stop_token_ids=(end,))
+    sampling = SamplingParams(temperature=0, max_new_tokens=new_tokens, stop_token_ids=(end,))
 
     async def main() -> list[dict[str, float]]:
         prompt, rows = list(start), []
         for turn in range(turns):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             generation = await engine.generate(prompt, sampling)
             rows.append(
                 {
@@ -88,8 +90,10 @@ def multi_turn(engine: LocalEngine, start: list[int], tokenizer: Any, turns: int
                     "computed": generation.metrics["prompt_computed_tokens"],
                     "generated": len(generation.token_ids),
                     "seconds": time.perf_counter() - started,
+                    "cpu": time.process_time() - cpu,
                 }
             )
+            print(f"  [{label}] turn {turn + 1}: {rows[-1]}", flush=True)
             ids = generation.token_ids if generation.finish_reason == "stop" else [*generation.token_ids, end]
             result = f'\n<|im_start|>user\n<tool_response>\n{{"result": {17 * turn + 5}}}\n</tool_response>'
             prompt = prompt + ids + tokenizer.encode(result, add_special_tokens=False)
@@ -121,11 +125,15 @@ def grpo_step(engine: Any, tokenizer: Any, step: int) -> tuple[float, int, int]:
             )
         )
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     results = asyncio.run(main())
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     generated = sum(r.trajectory.generated_tokens for r in results)
     failed = sum(r.failed for r in results)
+    print(
+        f"  step {step}: {seconds:.1f} s wall, {cpu:.1f} s CPU, {generated} tokens, {failed} failed",
+        flush=True,
+    )
     return seconds, generated, failed
 
 
@@ -207,6 +215,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--turn-tokens", type=int, default=32, help="most new tokens per turn (multi-turn)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=["multi-turn", "grpo", "throughput"], action="append")
     parser.add_argument(
@@ -237,11 +246,13 @@ def main() -> None:
         runs: dict[str, list[list[dict[str, float]]]] = {}
         for _ in range(args.repeats):
             for name, engine in engines().items():
-                runs.setdefault(name, []).append(multi_turn(engine, start, tokenizer, args.turns))
+                runs.setdefault(name, []).append(
+                    multi_turn(engine, start, tokenizer, args.turns, args.turn_tokens, name)
+                )
                 engine.close()
         print(
             f"\n## multi-turn: {args.turns} turns, first prompt {len(start)} tokens, greedy, "
-            "<= 32 new tokens per turn"
+            f"<= {args.turn_tokens} new tokens per turn"
         )
         cached, plain = runs["cache"][0], runs["no cache"][0]
         print("turn  prompt  appended  prefilled(cache)  prefilled(no cache)  s(cache)  s(no cache)")
@@ -256,12 +267,14 @@ def main() -> None:
                 f"  {b['computed']:>19.0f}  {a['seconds']:>8.2f}  {b['seconds']:>11.2f}"
             )
         totals = {name: [sum(r["seconds"] for r in run) for run in repeats] for name, repeats in runs.items()}
+        cpu = {name: [sum(r["cpu"] for r in run) for run in repeats] for name, repeats in runs.items()}
         prefilled = {name: sum(r["computed"] for r in repeats[0]) for name, repeats in runs.items()}
         for name, seconds in totals.items():
             print(f"{name:>9}: engine time {runs_text(seconds)}, prefilled {prefilled[name]:.0f} tokens")
         print(
             "speed-up with the cache: "
-            f"{statistics.median(totals['no cache']) / statistics.median(totals['cache']):.2f}x; "
+            f"{statistics.median(totals['no cache']) / statistics.median(totals['cache']):.2f}x wall, "
+            f"{statistics.median(cpu['no cache']) / statistics.median(cpu['cache']):.2f}x CPU; "
             f"prefill tokens {prefilled['no cache'] / prefilled['cache']:.1f}x fewer"
         )
 
