@@ -27,11 +27,11 @@ def model():
     return tiny_qwen3(seed=7)
 
 
-def assert_same(cached: Generation, uncached: Generation) -> None:
+def assert_same(cached: Generation, uncached: Generation, tolerance: float = TOLERANCE) -> None:
     assert cached.token_ids == uncached.token_ids
     assert cached.finish_reason == uncached.finish_reason
     gap = max((abs(a - b) for a, b in zip(cached.logprobs, uncached.logprobs, strict=True)), default=0.0)
-    assert gap <= TOLERANCE, f"logprobs differ by {gap:.2e}"
+    assert gap <= tolerance, f"logprobs differ by {gap:.2e}"
 
 
 def both(model, **options) -> tuple[LocalEngine, LocalEngine]:
@@ -344,6 +344,13 @@ def test_the_cache_matches_at_token_level_and_splits_runs():
     assert cache.stats.tokens == 9 and cache.stats.entries == 3
 
 
+# SmolLM2 (30 layers) in fp32 is only exact to a few 1e-5: against a float64 forward, its last-token
+# logprobs are off by up to 3.8e-5 through one plain forward and 2.5e-5 through a forward split at the
+# last token (plain transformers, no engine). Two fp32 paths cannot agree to 1e-5 there; the tiny
+# models above check the 1e-5 bar, this checks the real model to the engine's batching bar.
+REAL_MODEL_TOLERANCE = 1e-4
+
+
 @pytest.mark.slow
 def test_the_real_default_model_gives_the_same_results_with_the_cache():
     from agentboost.engines.factory import load_tokenizer
@@ -369,7 +376,7 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
         conversation(uncached, start, greedy, turns=3),
         strict=True,
     ):
-        assert_same(a[1], b[1])
+        assert_same(a[1], b[1], REAL_MODEL_TOLERANCE)
 
     def group(engine: LocalEngine) -> list[Generation]:
         sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8)
@@ -382,7 +389,7 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
         return run(main())
 
     for a, b in zip(group(cached), group(uncached), strict=True):
-        assert_same(a, b)
+        assert_same(a, b, REAL_MODEL_TOLERANCE)
     assert cached.prefix_cache_stats().hit_rate > 0.5
     cached.close()
     uncached.close()
