@@ -1,4 +1,4 @@
-"""The embedded engine: Hugging Face transformers with continuous batching, on CPU or one GPU.
+"""The embedded engine: Hugging Face transformers with continuous batching and a prefix cache, CPU or GPU.
 
 Many agents share one model without blocking the event loop and without being served one by one:
 
@@ -7,8 +7,33 @@ Many agents share one model without blocking the event loop and without being se
   steps; finished or cancelled sequences leave it; every step decodes one token for all sequences;
 - each sequence keeps its KV cache for its whole generation (a left-padded batched cache with an
   attention mask, re-packed only when sequences join or leave);
-- each request samples with its own seeded generator, so its tokens do not depend on what else is
-  in the batch (greedy ids and logprobs match one-by-one runs up to float rounding).
+- each request samples with its own generator (seeded from the request, or from the OS when it has no
+  seed; the global torch RNG is never touched), so its tokens do not depend on what else is in the
+  batch (greedy ids and logprobs match one-by-one runs up to float rounding).
+
+**Prefix cache** (:mod:`agentboost.engines.prefix_cache`). When a sequence finishes, the KV of every
+token the model read (prompt and generated ids but the last) goes into a token-level radix tree; a new
+prompt is matched against it and only the rest is prefilled: turn k of an agent prefills what was
+appended since turn k-1 (plus the previous turn's last generated id, which the model sampled but never
+read). Requests admitted together that share a prefix the cache lacks (the samples of a GRPO group,
+tasks with one system prompt) have that prefix prefilled once, inserted, then reused. A cached prefix
+sits left of a gap in the row's attention mask; positions are explicit, so the model computes the same
+thing as without the cache (tested: greedy ids equal, logprobs within 1e-5 in fp32). Memory is bounded
+by ``prefix_cache_bytes`` (LRU eviction of leaves). Weight updates clear it: call
+:meth:`LocalEngine.weights_updated` after changing the model (the trainer does), and in-place changes
+through the parameters themselves (optimizer steps, ``load_state_dict``) are detected automatically from
+their version counters; KV computed under older weights is never inserted.
+
+**Why not transformers' own continuous batching** (``transformers.generation.continuous_batching``,
+read and run with 5.10.4 on this 2-core CPU; details in docs/engines.md). It takes token ids, per-request
+stop ids, per-request temperature/top-k/top-p (with ``per_request_processors``) and cancellation, and it
+runs on CPU (SmolLM2-135M fp32, 16 prompts of 200 ids, 32 new tokens: 37.9 s, 13.5 tokens/s, machine at
+load ~6). But it fails two contracts the trainer rests on: it samples with the global torch RNG under
+one seed per manager (set with ``torch.manual_seed``), so there are no per-request seeds and a request's
+tokens depend on its batch; and its log-probabilities are taken after its logits processors (after
+top-k/top-p), not ``log_softmax(logits / T)`` before truncation. Its prefix sharing reuses whole
+256-token blocks only, so a turn that appends a tool result reuses little, and block hashes outlive a
+weight update unless the manager is destroyed. We keep our scheduler and add the prefix cache to it.
 
 Log-probabilities follow :mod:`agentboost.engines.base`: ``log_softmax(logits / T)`` at the
 sampled id, before top-k / top-p truncation, computed in fp32.
@@ -18,17 +43,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ContextLengthError, EngineError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""1 GiB of KV: about 23k tokens of SmolLM2-135M in fp32, 18k of an 8-KV-head 7B model in bf16."""
+MIN_SHARED_PREFIX = 16
+"""Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
 
 @dataclass
@@ -43,10 +78,16 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     cancelled: bool = False
     prefill_s: float = 0.0
+    cached_tokens: int = 0
+    computed_tokens: int = 0
+    weights_epoch: int = 0
 
 
 class LocalEngine:
-    """An :class:`~agentboost.engines.base.Engine` over a transformers causal LM, batched continuously."""
+    """An :class:`~agentboost.engines.base.Engine` over a transformers causal LM, batched continuously.
+
+    ``prefix_cache_bytes`` bounds the KV kept for reuse across requests (0 disables the cache).
+    """
 
     def __init__(
         self,
@@ -56,6 +97,7 @@ class LocalEngine:
         max_prefill_tokens: int = 8192,
         context_length: int | None = None,
         name: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -66,15 +108,23 @@ class LocalEngine:
         self._queue: deque[_Request] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._crash: EngineError | None = None
         self._thread: threading.Thread | None = None
+        self._admitting: list[_Request] = []  # taken from the queue, not yet in the running batch
         # the running batch
         self._rows: list[_Request] = []
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: [B, heads, L, head_dim]
-        self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = left padding
+        self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = padding
         self._lengths: list[int] = []  # real tokens held per row
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
         self.max_batch_seen = 0
+        # the prefix cache and the weights it was computed with
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._weights_epoch = 0  # bumped by weights_updated() and by detected parameter changes
+        self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
+        self._fingerprint = self._weights_fingerprint()
+        self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
 
     @classmethod
     def from_pretrained(
@@ -111,8 +161,6 @@ class LocalEngine:
     # --- public API -------------------------------------------------------------------------------
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        if self._closed:
-            raise EngineError("the local engine is closed")
         prompt = list(prompt_ids)
         if not prompt:
             raise EngineError("the prompt is empty; a generation needs at least one token")
@@ -124,10 +172,14 @@ class LocalEngine:
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+            if sampling.seed is not None:
+                generator.manual_seed(sampling.seed)
+            else:
+                generator.seed()  # from the OS; the global RNG stays as the caller left it
         request = _Request(prompt, sampling, loop, loop.create_future(), generator)
-        self._ensure_thread()
         with self._wake:
+            self._raise_if_closed()
+            self._ensure_thread()
             self._queue.append(request)
             self._wake.notify()
         try:
@@ -135,6 +187,19 @@ class LocalEngine:
         except asyncio.CancelledError:
             request.cancelled = True  # the scheduler drops it at its next step
             raise
+
+    def weights_updated(self) -> None:
+        """Say the model's weights changed: cached prefixes are dropped before the next prefill.
+
+        Call it after every change made outside autograd's view (writes through ``.data``, swapping
+        tensors); optimizer steps and ``load_state_dict`` are also detected without it.
+        """
+        with self._wake:
+            self._weights_epoch += 1
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """A snapshot of the prefix cache's counters (hit rate, tokens, bytes, evictions)."""
+        return replace(self.prefix_cache.stats)
 
     async def aclose(self) -> None:
         with self._wake:
@@ -153,6 +218,12 @@ class LocalEngine:
             self._thread.join()
             self._thread = None
 
+    def _raise_if_closed(self) -> None:
+        if self._crash is not None:
+            raise EngineError(f"{self._crash}; create a new engine to go on")
+        if self._closed:
+            raise EngineError("the local engine is closed")
+
     # --- scheduler thread -------------------------------------------------------------------------
 
     def _ensure_thread(self) -> None:
@@ -169,14 +240,19 @@ class LocalEngine:
                             self._wake.wait()
                         if self._closed:
                             break
-                        admitted = self._take_admissible()
-                    if admitted:
-                        self._prefill(admitted)
+                        self._admitting = self._take_admissible()
+                    if self._admitting:
+                        self._prefill(self._admitting)
+                        self._admitting = []
                     if self._rows:
                         self._decode_step()
         except BaseException as error:  # a crash must not leave awaiting rollouts hanging
-            self._fail_all(EngineError(f"the local engine crashed: {type(error).__name__}: {error}"))
-            raise
+            logger.exception("the local engine's scheduler crashed")
+            crash = EngineError(f"the local engine crashed: {type(error).__name__}: {error}")
+            with self._wake:
+                self._crash, self._closed = crash, True
+            self._fail_all(crash)
+            return
         self._fail_all(EngineError("the local engine was closed while this request was running"))
 
     def _take_admissible(self) -> list[_Request]:
@@ -195,10 +271,11 @@ class LocalEngine:
 
     def _fail_all(self, error: EngineError) -> None:
         with self._wake:
-            pending = list(self._queue) + self._rows
+            pending = list(self._queue) + self._admitting + self._rows
             self._queue.clear()
-        self._rows = []
+        self._admitting, self._rows = [], []
         self._cache, self._mask = [], None
+        self._lengths, self._last_ids = [], []
         for request in pending:
             self._resolve(request, error)
 
@@ -215,33 +292,170 @@ class LocalEngine:
         with contextlib.suppress(RuntimeError):  # the caller's event loop is gone: nobody is waiting
             request.loop.call_soon_threadsafe(settle)
 
+    # --- weights and the prefix cache --------------------------------------------------------------
+
+    def _weights_fingerprint(self) -> int:
+        """Changes whenever a parameter is modified in place (version counter) or replaced (storage)."""
+        marks = []
+        for parameter in self.model.parameters():
+            try:
+                version = parameter._version
+            except RuntimeError:  # inference tensors have no version counter
+                version = -1
+            marks.append((parameter.data_ptr(), version))
+        return hash(tuple(marks))
+
+    def _current_epoch(self) -> int:
+        """The weights epoch, bumped first if the parameters changed since the last look."""
+        fingerprint = self._weights_fingerprint()
+        with self._wake:
+            if fingerprint != self._fingerprint:
+                self._fingerprint = fingerprint
+                self._weights_epoch += 1
+            return self._weights_epoch
+
+    def _sync_prefix_cache(self) -> int:
+        epoch = self._current_epoch()
+        if epoch != self._cache_epoch:
+            if self.prefix_cache.stats.entries:
+                self.prefix_cache.stats.invalidations += 1
+            self.prefix_cache.clear()
+            self._cache_epoch = epoch
+        return epoch
+
     # --- model steps ------------------------------------------------------------------------------
 
-    def _prefill(self, requests: list[_Request]) -> None:
-        """Prefill new prompts together (left-padded), sample their first token, add them to the batch."""
-        started = time.perf_counter()
-        width = max(len(request.prompt_ids) for request in requests)
-        input_ids = torch.zeros((len(requests), width), dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids = request.prompt_ids
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            mask[row, width - len(ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def _forward(self, **inputs: Any) -> Any:
+        if self._logits_to_keep:
+            try:
+                return self.model(**inputs, logits_to_keep=1)
+            except TypeError as error:
+                if "logits_to_keep" not in str(error):
+                    raise
+                self._logits_to_keep = False
+        return self.model(**inputs)
+
+    def _prefill_rows(
+        self, prompts: list[list[int]]
+    ) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, list[int]]:
+        """One forward over ``prompts``, each starting from its longest cached prefix.
+
+        Row layout: ``[pad | cached prefix | pad | new tokens]``; the cached part is right-aligned in
+        the first ``P`` columns, the new part in the last ``S``. Returns the output, the per-layer KV
+        ``[B, heads, P + S, head_dim]``, the mask and the cached length of each row.
+        """
         from transformers import DynamicCache
 
-        output = self.model(
+        matches = [
+            self.prefix_cache.match(ids, len(ids) - 1) if self.prefix_cache.enabled else (0, None)
+            for ids in prompts
+        ]
+        cached = [length for length, _ in matches]
+        rows, past = len(prompts), max(cached)
+        width = max(len(ids) - length for ids, length in zip(prompts, cached, strict=True))
+        input_ids = torch.zeros((rows, width), dtype=torch.long)
+        mask = torch.zeros((rows, past + width), dtype=torch.long)
+        for row, (ids, length) in enumerate(zip(prompts, cached, strict=True)):
+            new = ids[length:]
+            input_ids[row, width - len(new) :] = torch.tensor(new, dtype=torch.long)
+            mask[row, past + width - len(new) :] = 1
+            mask[row, past - length : past] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        mask = mask.to(self.device)
+        cache = DynamicCache()
+        if past:
+            reference = next(kv for _, kv in matches if kv is not None)
+            layers, _, heads, _, head_dim = reference.shape
+            stacked = torch.zeros(
+                (layers, 2, rows, heads, past, head_dim), dtype=reference.dtype, device=reference.device
+            )
+            for row, (length, kv) in enumerate(matches):
+                if kv is not None:
+                    stacked[:, :, row, :, past - length :] = kv
+            cache = DynamicCache([(stacked[layer, 0], stacked[layer, 1]) for layer in range(layers)])
+        output = self._forward(
             input_ids=input_ids.to(self.device),
-            attention_mask=mask.to(self.device),
+            attention_mask=mask,
             position_ids=positions.to(self.device),
-            past_key_values=DynamicCache(),
+            past_key_values=cache,
             use_cache=True,
         )
-        layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+        layers_kv = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+        return output, layers_kv, mask, cached
+
+    def _hold(
+        self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]], row: int, mask: torch.Tensor
+    ) -> None:
+        """Insert the KV of ``tokens`` (row ``row`` of a batched cache) into the prefix cache."""
+        held = self.prefix_cache.match_length(tokens)
+        if held >= len(tokens):
+            return
+        columns = mask[row].nonzero().squeeze(1)
+        if columns.numel() != len(tokens):
+            logger.warning(
+                "prefix cache: a row holds %d tokens, expected %d; not cached", columns.numel(), len(tokens)
+            )
+            return
+        columns = columns[held:]
+        first = layers[0][0]
+        if any(k.shape[1:] != first.shape[1:] or v.shape != k.shape for k, v in layers):
+            return  # layers of different shapes: not held
+        kv = torch.stack([torch.stack([k[row], v[row]]) for k, v in layers]).index_select(3, columns)
+        self.prefix_cache.insert(tokens, kv, offset=held)
+
+    def _shared_prefixes(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Uncached prefixes shared by two or more of ``prompts``, longest first, none a prefix of another."""
+        order = sorted(range(len(prompts)), key=lambda index: prompts[index])
+        shared_len = [0] * len(prompts)
+        for before, after in itertools.pairwise(order):
+            a, b = prompts[before], prompts[after]
+            limit = min(len(a), len(b))
+            common = 0
+            while common < limit and a[common] == b[common]:
+                common += 1
+            shared_len[before] = max(shared_len[before], common)
+            shared_len[after] = max(shared_len[after], common)
+        candidates = set()
+        for index, ids in enumerate(prompts):
+            length = min(shared_len[index], len(ids) - 1)
+            if length - self.prefix_cache.match_length(ids[:length]) >= MIN_SHARED_PREFIX:
+                candidates.add(tuple(ids[:length]))
+        ordered = sorted(candidates)
+        return [
+            list(prefix)
+            for index, prefix in enumerate(ordered)
+            if index + 1 == len(ordered) or ordered[index + 1][: len(prefix)] != prefix
+        ]
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        """Prefill new prompts together, sample their first token, add them to the batch."""
+        started = time.perf_counter()
+        epoch = self._sync_prefix_cache()
+        prompts = [request.prompt_ids for request in requests]
+        warmed: dict[int, int] = {}  # request index -> prompt tokens it prefilled for its siblings
+        if self.prefix_cache.enabled and len(requests) > 1:
+            shared = self._shared_prefixes(prompts)
+            if shared:
+                _, layers, mask, cached = self._prefill_rows(shared)
+                for row, prefix in enumerate(shared):
+                    self._hold(prefix, layers, row, mask)
+                    owner = next(i for i, ids in enumerate(prompts) if ids[: len(prefix)] == prefix)
+                    warmed[owner] = warmed.get(owner, 0) + len(prefix) - cached[row]
+                    self.prefix_cache.stats.computed_tokens += len(prefix) - cached[row]
+                del layers, mask
+        output, layers, mask, cached = self._prefill_rows(prompts)
         elapsed = time.perf_counter() - started
-        for request in requests:
+        stats = self.prefix_cache.stats
+        for index, (request, length) in enumerate(zip(requests, cached, strict=True)):
             request.prefill_s = elapsed
-        self._join(requests, layers, mask.to(self.device), [len(r.prompt_ids) for r in requests])
+            request.weights_epoch = epoch
+            extra = min(warmed.get(index, 0), length)
+            request.cached_tokens = length - extra
+            request.computed_tokens = len(request.prompt_ids) - length + extra
+            stats.prompt_tokens += len(request.prompt_ids)
+            stats.cached_tokens += length
+            stats.computed_tokens += len(request.prompt_ids) - length
+        self._join(requests, layers, mask, [len(r.prompt_ids) for r in requests])
         self._sample(output.logits[:, -1, :], first_row=len(self._rows) - len(requests))
 
     def _decode_step(self) -> None:
@@ -255,7 +469,7 @@ class LocalEngine:
         mask = torch.cat(
             [self._mask, torch.ones((rows, 1), dtype=self._mask.dtype, device=self.device)], dim=1
         )
-        output = self.model(
+        output = self._forward(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
@@ -355,6 +569,14 @@ class LocalEngine:
 
     def _retire(self, indices: list[int]) -> None:
         finished = set(indices)
+        if self.prefix_cache.enabled:
+            fresh = self._current_epoch() == self._cache_epoch
+            for index in indices:
+                request = self._rows[index]
+                if fresh and request.weights_epoch == self._cache_epoch:  # never hold stale KV
+                    assert self._mask is not None
+                    read = request.prompt_ids + request.token_ids[:-1]  # the last id was never fed
+                    self._hold(read, self._cache, index, self._mask)
         for index in indices:
             request = self._rows[index]
             if request.cancelled:
@@ -368,6 +590,8 @@ class LocalEngine:
                 metrics={
                     "prefill_s": request.prefill_s,
                     "total_s": time.perf_counter() - request.submitted,
+                    "prompt_cached_tokens": float(request.cached_tokens),
+                    "prompt_computed_tokens": float(request.computed_tokens),
                 },
             )
             self._resolve(request, generation)

@@ -451,6 +451,7 @@ class Trainer:
     def train_step(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Collect, then update. Returns the step's metrics."""
         started = time.perf_counter()
+        cache_mark = self.engine.prefix_cache_stats()
         results = self.collect(step, bar=bar)
         rollout_seconds = time.perf_counter() - started
         if bar is not None:
@@ -465,6 +466,7 @@ class Trainer:
                 "time/update_s": time.perf_counter() - update_started,
                 "time/step_s": time.perf_counter() - started,
                 "rollout/tokens_per_second": generated / rollout_seconds if rollout_seconds else 0.0,
+                "rollout/prefix_cache_hit_rate": self.engine.prefix_cache_stats().hit_rate_since(cache_mark),
             }
         )
         if bar is not None:
@@ -611,6 +613,7 @@ class Trainer:
                 )
                 grad_norms.append(float(norm))
                 self.optimizer.step()
+                self.engine.weights_updated()  # the engine's cached prefixes hold the old weights' KV
                 metrics["optim/updates"] += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
