@@ -4,7 +4,8 @@ Tasks come from `reasoning-gym <https://pypi.org/project/reasoning-gym/>`_ gener
 deterministic for a seed: one generator (``generators="products"``) or a weighted mix
 (``generators={"products": 3, "gcd": 1}``), each with its own difficulty settings (``config``, the
 generator's config fields, e.g. ``{"products": {"min_digits": 3, "max_digits": 3}}``). Rows of a file
-with ``problem`` and ``answer`` (AIME format, JSONL/JSON/parquet) can be used instead (``data_file``).
+with ``problem`` and ``answer`` (AIME format, JSONL/JSON/parquet) can be used instead (``data_file``;
+``test_file`` for the held-out split, which otherwise reads the same file).
 
 The model ends its reply with a line ``Answer: <answer>``; :func:`extract_answer` takes what follows
 the last such marker (or the last ``\\boxed{}`` when there is no marker) and nothing else: no "last
@@ -32,8 +33,8 @@ from typing import Any
 
 from strands import tool
 
-from agentboost.agent.provider import RolloutLimits
-from agentboost.envs.base import Environment
+from agentboost.agent.limits import RolloutLimits
+from agentboost.envs.base import Environment, Episode, Task
 from agentboost.envs.calculator import CalculatorError, evaluate, format_number
 from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import Trajectory
@@ -187,6 +188,7 @@ class MathEnvironment(Environment):
         config: Mapping[str, Any] | None = None,
         *,
         data_file: str | None = None,
+        test_file: str | None = None,
         tool: str = "python",
         threshold: float | None = 1.0,
         sandbox_workers: int = 2,
@@ -204,7 +206,8 @@ class MathEnvironment(Environment):
         self.data_file = data_file
         self.tool = tool
         self.threshold = threshold
-        self._rows: list[dict[str, Any]] | None = None
+        self.test_file = test_file
+        self._rows: dict[str | None, list[dict[str, Any]]] = {}
         self._pools = _LoopPools(sandbox_workers)
         self.system_prompt = SYSTEM_PROMPT.format(hint=TOOL_HINTS[tool] + " " if TOOL_HINTS[tool] else "")
         if data_file is None:
@@ -213,7 +216,7 @@ class MathEnvironment(Environment):
 
     # --- tasks -----------------------------------------------------------------------------------
 
-    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         if split not in _SPLIT_OFFSETS:
             raise ConfigError(f"unknown split {split!r}; use train, test or validation")
         count = 64 if n is None else n
@@ -221,17 +224,17 @@ class MathEnvironment(Environment):
             return self._file_tasks(count, seed=seed, split=split)
         tasks = self._generate(count, seed=seed + _SPLIT_OFFSETS[split], split=split)
         if split != "train":
-            seen = {task["question"] for task in self._generate(_OVERLAP_GUARD, seed=seed, split="train")}
-            tasks = [task for task in tasks if task["question"] not in seen]
+            seen = {task.prompt for task in self._generate(_OVERLAP_GUARD, seed=seed, split="train")}
+            tasks = [task for task in tasks if task.prompt not in seen]
             extra = 1
             while len(tasks) < count:  # replace the overlapping ones, deterministically
                 more = self._generate(count + extra, seed=seed + _SPLIT_OFFSETS[split], split=split)[-1]
-                if more["question"] not in seen:
+                if more.prompt not in seen:
                     tasks.append(more)
                 extra += 1
         return tasks
 
-    def _generate(self, count: int, *, seed: int, split: str) -> list[dict[str, Any]]:
+    def _generate(self, count: int, *, seed: int, split: str) -> list[Task]:
         rng = random.Random(f"math:{seed}")
         names = list(self.weights)
         picks = rng.choices(names, weights=[self.weights[n] for n in names], k=count)
@@ -246,37 +249,32 @@ class MathEnvironment(Environment):
             entry = entries[name][used[name]]
             used[name] += 1
             tasks.append(
-                {
-                    "id": f"math-{name}-{split}-s{seed}-{index}",
-                    "question": entry["question"],
-                    "answer": str(entry["answer"]),
-                    "generator": name,
-                    "entry": json.loads(json.dumps(entry, default=list)),
-                }
+                Task(
+                    id=f"math-{name}-{split}-s{seed}-{index}",
+                    prompt=entry["question"],
+                    ground_truth=str(entry["answer"]),
+                    metadata={"generator": name, "entry": json.loads(json.dumps(entry, default=list))},
+                )
             )
         return tasks
 
-    def _file_tasks(self, count: int, *, seed: int, split: str) -> list[dict[str, Any]]:
-        if self._rows is None:
-            self._rows = load_problem_rows(Path(str(self.data_file)))
-        order = list(range(len(self._rows)))
+    def _file_tasks(self, count: int, *, seed: int, split: str) -> list[Task]:
+        path = self.test_file if split != "train" and self.test_file is not None else self.data_file
+        if path not in self._rows:
+            self._rows[path] = load_problem_rows(Path(str(path)))
+        rows = self._rows[path]
+        order = list(range(len(rows)))
         random.Random(f"math-file:{seed}").shuffle(order)
         return [
-            {
-                "id": str(row.get("id", f"row-{i}")),
-                "question": row["problem"],
-                "answer": str(row["answer"]),
-                "generator": "file",
-                "entry": None,
-            }
+            Task(
+                id=str(rows[i].get("id", f"row-{i}")),
+                prompt=str(rows[i]["problem"]),
+                ground_truth=str(rows[i]["answer"]),
+            )
             for i in order[:count]
-            for row in [self._rows[i]]
         ]
 
-    def prompt(self, task: Mapping[str, Any]) -> str:
-        return str(task["question"])
-
-    def tools(self) -> list[Any]:
+    def tools(self, episode: Episode) -> list[Any]:
         if self.tool == "python":
             return [_python_tool(self._pools)]
         if self.tool == "calculator":
@@ -285,18 +283,19 @@ class MathEnvironment(Environment):
 
     # --- reward ----------------------------------------------------------------------------------
 
-    def score_answer(self, answer: str | None, task: Mapping[str, Any]) -> float:
+    def score_answer(self, answer: str | None, task: Task) -> float:
         """The raw score of an extracted answer: the generator's scorer, or exact match for file rows."""
         if answer is None:
             return 0.0
-        if task.get("entry") is None:
-            return exact_match(answer, task["answer"])
+        entry = task.metadata.get("entry")
+        if entry is None:
+            return exact_match(answer, task.ground_truth)
         import reasoning_gym
 
-        return float(reasoning_gym.get_score_answer_fn(task["generator"])(answer, task["entry"]))
+        return float(reasoning_gym.get_score_answer_fn(task.metadata["generator"])(answer, entry))
 
-    def reward(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        raw = self.score_answer(extract_answer(trajectory.final_text), task)
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
+        raw = self.score_answer(extract_answer(trajectory.final_text), episode.task)
         if self.threshold is None:
             return raw
         return 1.0 if raw >= self.threshold else 0.0

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits, resolve_limits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.rollout.results import ResultStore, read_results
@@ -35,12 +34,14 @@ def rollout_limits(
     max_new_tokens = rollout.max_new_tokens
     if eval_config is not None and eval_config.max_new_tokens is not None:
         max_new_tokens = eval_config.max_new_tokens
-    return replace(
+    return resolve_limits(
         defaults,
-        max_turns=rollout.max_turns or defaults.max_turns,
-        max_new_tokens=max_new_tokens or defaults.max_new_tokens,
-        max_total_tokens=rollout.max_total_tokens or defaults.max_total_tokens,
-        timeout_s=rollout.timeout_s or defaults.timeout_s,
+        {
+            "max_turns": rollout.max_turns,
+            "max_new_tokens": max_new_tokens,
+            "max_total_tokens": rollout.max_total_tokens,
+            "timeout_s": rollout.timeout_s,
+        },
     )
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
@@ -349,8 +349,7 @@ class Trainer:
             "reward/mean": sum(rewards) / len(rewards),
             "reward/std": _std(rewards),
             "rollout/failed": float(len(results) - len(usable)),
-            "rollout/truncated_fraction": sum(r.termination.value == "max_tokens" for r in results)
-            / len(results),
+            "rollout/truncated_fraction": sum(r.termination.truncated for r in results) / len(results),
             "rollout/generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results)
             / len(results),
         }

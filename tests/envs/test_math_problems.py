@@ -33,13 +33,13 @@ def test_reward_agrees_with_the_generators_scorer_on_gold_and_wrong_answers(gene
     environment = MathEnvironment(generator, tool="none")
     scorer = reasoning_gym.get_score_answer_fn(generator)
     for task in environment.tasks(4, seed=3):
-        gold = task["answer"]
-        assert scorer(gold, task["entry"]) == 1.0  # the generator's own verdict on its gold answer
+        gold = task.ground_truth
+        assert scorer(gold, task.metadata["entry"]) == 1.0  # the generator's own verdict on its gold answer
         right = scripted_rollout(environment, task, qwen_tokenizer, [f"I worked it out.\nAnswer: {gold}"])
         assert right.reward == 1.0, (generator, gold)
 
         wrong_answer = "12345678" if gold != "12345678" else "7"
-        assert scorer(wrong_answer, task["entry"]) < 1.0
+        assert scorer(wrong_answer, task.metadata["entry"]) < 1.0
         wrong = scripted_rollout(environment, task, qwen_tokenizer, [f"Answer: {wrong_answer}"])
         assert wrong.reward == 0.0, (generator, gold)
 
@@ -48,7 +48,9 @@ def test_partial_credit_is_thresholded_unless_asked_for(qwen_tokenizer):
     environment = MathEnvironment("fraction_simplification", tool="none")
     task = environment.tasks(1, seed=1)[0]
     scorer = reasoning_gym.get_score_answer_fn("fraction_simplification")
-    assert 0.0 < scorer("1/2", task["entry"]) < 1.0  # reasoning-gym pays a little for a wrong fraction
+    assert (
+        0.0 < scorer("1/2", task.metadata["entry"]) < 1.0
+    )  # reasoning-gym pays a little for a wrong fraction
     assert scripted_rollout(environment, task, qwen_tokenizer, ["Answer: 1/2"]).reward == 0.0
     raw = MathEnvironment("fraction_simplification", tool="none", threshold=None)
     assert 0.0 < scripted_rollout(raw, task, qwen_tokenizer, ["Answer: 1/2"]).reward < 1.0
@@ -57,7 +59,7 @@ def test_partial_credit_is_thresholded_unless_asked_for(qwen_tokenizer):
 def test_an_answer_without_the_format_earns_nothing(qwen_tokenizer):
     environment = MathEnvironment("products", tool="none")
     task = environment.tasks(1)[0]
-    bare = scripted_rollout(environment, task, qwen_tokenizer, [f"The product is {task['answer']}"])
+    bare = scripted_rollout(environment, task, qwen_tokenizer, [f"The product is {task.ground_truth}"])
     assert bare.reward == 0.0  # no "last number" fallback: the policy must give the answer line
 
 
@@ -92,9 +94,9 @@ def test_splits_are_disjoint_and_deterministic():
     train = environment.tasks(512)
     test = environment.tasks(64, split="test")
     assert len(test) == 64
-    assert not {t["question"] for t in train} & {t["question"] for t in test}
-    assert [t["question"] for t in environment.tasks(8)] == [t["question"] for t in train[:8]]
-    assert all("*" in t["question"] and t["entry"]["metadata"]["num_digits"] == 3 for t in train[:16])
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
+    assert [t.prompt for t in environment.tasks(8)] == [t.prompt for t in train[:8]]
+    assert all("*" in t.prompt and t.metadata["entry"]["metadata"]["num_digits"] == 3 for t in train[:16])
 
 
 def test_a_weighted_mix_draws_from_each_generator_with_its_settings():
@@ -102,16 +104,16 @@ def test_a_weighted_mix_draws_from_each_generator_with_its_settings():
         {"products": 3, "gcd": 1}, {"products": {"min_digits": 2, "max_digits": 2}, "gcd": {}}, tool="none"
     )
     tasks = environment.tasks(200)
-    kinds = [t["generator"] for t in tasks]
+    kinds = [t.metadata["generator"] for t in tasks]
     assert 120 < kinds.count("products") < 180 and kinds.count("gcd") > 20
-    assert len({t["id"] for t in tasks}) == 200
+    assert len({t.id for t in tasks}) == 200
 
 
 def test_aime_rows_load_from_a_file_and_score_by_exact_match(tmp_path, qwen_tokenizer):
     path = tmp_path / "aime.jsonl"
     path.write_text('{"problem": "Find 6 * 7.", "answer": "042"}\n{"problem": "Find 2 + 2.", "answer": 4}\n')
     environment = make_environment("math", {"data_file": str(path), "tool": "none"})
-    tasks = {t["question"]: t for t in environment.tasks(2)}
+    tasks = {t.prompt: t for t in environment.tasks(2)}
     assert scripted_rollout(environment, tasks["Find 6 * 7."], qwen_tokenizer, ["Answer: 42"]).reward == 1.0
     assert scripted_rollout(environment, tasks["Find 2 + 2."], qwen_tokenizer, ["Answer: 5"]).reward == 0.0
     assert exact_match("1,000", "1000") == 1.0
@@ -132,12 +134,12 @@ def test_bad_settings_are_typed_errors():
 def test_the_calculator_tool_gives_the_answer_a_model_copies(qwen_tokenizer):
     environment = MathEnvironment("products", {"min_digits": 3, "max_digits": 3}, tool="calculator")
     task = environment.tasks(1)[0]
-    expression = task["entry"]["metadata"]["expression"]
+    expression = task.metadata["entry"]["metadata"]["expression"]
     arguments = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
     call = f"<tool_call>\n{arguments}\n</tool_call>"
-    result = scripted_rollout(environment, task, qwen_tokenizer, [call, f"Answer: {task['answer']}"])
+    result = scripted_rollout(environment, task, qwen_tokenizer, [call, f"Answer: {task.ground_truth}"])
     tool_message = next(m for m in result.trajectory.messages if m["role"] == "tool")
-    assert tool_message["content"] == task["answer"]
+    assert tool_message["content"] == task.ground_truth
     assert result.reward == 1.0
 
 
@@ -148,14 +150,14 @@ def test_the_python_tool_runs_in_the_sandbox(qwen_tokenizer):
     async def run_all():
         rollouts = []
         for task in tasks:
-            expression = task["entry"]["metadata"]["expression"]
+            expression = task.metadata["entry"]["metadata"]["expression"]
             code = json.dumps({"name": "python", "arguments": {"code": f"print({expression})"}})
             engine = ScriptedEngine(
                 [
                     qwen_tokenizer.encode(
                         f"<tool_call>\n{code}\n</tool_call>{END}", add_special_tokens=False
                     ),
-                    qwen_tokenizer.encode(f"Answer: {task['answer']}{END}", add_special_tokens=False),
+                    qwen_tokenizer.encode(f"Answer: {task.ground_truth}{END}", add_special_tokens=False),
                 ]
             )
             rollouts.append(environment.rollout(task, engine, qwen_tokenizer, template="qwen3"))
@@ -164,6 +166,6 @@ def test_the_python_tool_runs_in_the_sandbox(qwen_tokenizer):
     results = asyncio.run(run_all())
     for task, result in zip(tasks, results, strict=True):
         tool_message = next(m for m in result.trajectory.messages if m["role"] == "tool")
-        assert task["answer"] in tool_message["content"]
+        assert task.ground_truth in tool_message["content"]
         assert result.reward == 1.0
     assert not environment._pools._pools  # the loop's pool was closed with its loop

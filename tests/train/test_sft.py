@@ -81,7 +81,7 @@ def test_chat_mask_covers_only_assistant_turns_of_a_hand_written_conversation(qw
 
 def test_results_rows_train_on_their_stored_mask_and_are_filtered_by_reward(qwen_tokenizer, tmp_path):
     question = ArithmeticEnvironment().tasks(1)[0]
-    right = rollout(qwen_tokenizer, [f"Answer: {question.answer}{END}"])
+    right = rollout(qwen_tokenizer, [f"Answer: {question.ground_truth}{END}"])
     wrong = rollout(qwen_tokenizer, ["Answer: -1" + END])
     assert (right.reward, wrong.reward) == (1.0, 0.0)
     path = tmp_path / "results.jsonl"
