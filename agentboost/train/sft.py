@@ -197,6 +197,7 @@ def render_chat(
     up to and including the end-of-turn token, tokenized on its own (as the engine generates it). The
     messages after it are appended as a rollout appends tool results and user turns.
     """
+    from agentboost.agent.rollout import stop_token_ids
     from agentboost.tokens.builder import TokenBuffer
     from agentboost.tokens.templates import template_for
 
@@ -207,7 +208,7 @@ def render_chat(
         raise ConfigError("a chat row needs context messages followed by at least one assistant message")
     buffer = TokenBuffer(tokenizer, chat_template, tools=tools)
     buffer.start(messages[:first])
-    stop_text = tokenizer.eos_token or ""
+    stops = set(stop_token_ids(tokenizer))
     index = first
     while index < len(messages):
         message = messages[index]
@@ -219,13 +220,11 @@ def render_chat(
             raise TemplateError(
                 chat_template.name, message, "rendering the assistant turn changes the conversation before it"
             )
-        generated = after[len(before) :]
-        end = generated.find(stop_text) if stop_text else -1
-        finish = "stop" if end >= 0 else "length"
-        if end >= 0:
-            generated = generated[: end + len(stop_text)]
-        ids = buffer.encode(generated)
-        buffer.append_generation(ids, [0.0] * len(ids), finish_reason=finish)
+        ids = buffer.encode(after[len(before) :])
+        end = next((i for i, token in enumerate(ids) if token in stops), None)
+        if end is not None:  # the engine stops at its first stop token: so does the demonstration
+            ids = ids[: end + 1]
+        buffer.append_generation(ids, [0.0] * len(ids), finish_reason="stop" if end is not None else "length")
         following = []
         index += 1
         while index < len(messages) and messages[index].get("role") != "assistant":

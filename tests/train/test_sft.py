@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import pytest
@@ -77,6 +78,27 @@ def test_chat_mask_covers_only_assistant_turns_of_a_hand_written_conversation(qw
     context = qwen_tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
     for text in ("Be brief.", "Multiply 123 by 45.", "5535", "And the answer line?"):
         assert text in context
+
+
+def test_an_assistant_turn_ends_at_the_first_end_of_turn_token_whatever_the_eos_token(qwen_tokenizer):
+    """SmolLM2's tokenizer calls <|im_start|> its EOS: the turn must still end at <|im_end|>, once."""
+    messages = [
+        {"role": "user", "content": "Multiply 12 by 34."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "calc", "arguments": {"e": "12*34"}}}],
+        },
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "Answer: 408"},
+    ]
+    expected = render_chat(qwen_tokenizer, messages, None, template="chatml")
+    odd = copy.deepcopy(qwen_tokenizer)
+    odd.eos_token = "<|im_start|>"
+    ids, mask = render_chat(odd, messages, None, template="chatml")
+    assert (ids, mask) == expected
+    assert "<|im_end|>\n<|im_end|>" not in qwen_tokenizer.decode(ids)
+    assert all(run.endswith(END) and run.count(END) == 1 for run in masked_runs(qwen_tokenizer, ids, mask))
 
 
 def test_results_rows_train_on_their_stored_mask_and_are_filtered_by_reward(qwen_tokenizer, tmp_path):
