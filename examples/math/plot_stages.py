@@ -54,7 +54,8 @@ def main() -> None:
     if sft_eval:
         print(f"held-out reward, untrained: {sft_eval[0][1]:.3f}; after warm-up: {sft_eval[-1][1]:.3f}")
     if rl_eval:
-        print(f"held-out reward after RL: {rl_eval[-1][1]:.3f} (RL gain {rl_eval[-1][1] - rl_eval[0][1]:+.3f})")
+        gain = rl_eval[-1][1] - rl_eval[0][1]
+        print(f"held-out reward after RL: {rl_eval[-1][1]:.3f} (RL gain {gain:+.3f})")
     print(f"curve -> {args.out}")
 
 

@@ -29,6 +29,7 @@ def demonstration(environment: MathEnvironment, task, tools: list) -> dict:
     """The conversation of an agent that uses the calculator and copies its result."""
     expression = task.metadata["entry"]["metadata"]["expression"]
     calculator = environment.tools(Episode(task, 0))[0]
+    arguments = {"expression": expression}
     result = calculator._tool_func(expression)  # the tool's own output, exactly as a rollout sees it
     return {
         "messages": [
@@ -38,7 +39,7 @@ def demonstration(environment: MathEnvironment, task, tools: list) -> dict:
                 "role": "assistant",
                 "content": "",
                 "tool_calls": [
-                    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+                    {"type": "function", "function": {"name": "calculator", "arguments": arguments}}
                 ],
             },
             {"role": "tool", "name": "calculator", "content": result},
@@ -58,7 +59,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     environment = MathEnvironment(**ENV_KWARGS)
-    tools = tool_specs_to_openai([tool.tool_spec for tool in environment.tools(Episode(environment.tasks(1)[0], 0))])
+    episode = Episode(environment.tasks(1)[0], 0)
+    tools = tool_specs_to_openai([tool.tool_spec for tool in environment.tools(episode)])
     tasks = environment.tasks(args.demonstrations, seed=args.seed, split="train")
     held_out = {task.prompt for task in environment.tasks(256, seed=args.seed, split="test")}
     assert not held_out & {task.prompt for task in tasks}, "a demonstration repeats a held-out problem"
@@ -69,9 +71,25 @@ def main() -> None:
     if args.verl:
         for split, count in (("train", 4096), ("test", 256)):
             subprocess.run(
-                [sys.executable, "-m", "agentboost.cli", "data", "to-verl", "--env", "math", "--env-kwargs",
-                 json.dumps(ENV_KWARGS), "--split", split, "-n", str(count), "--seed", str(args.seed),
-                 "--out", str(out / f"{split}.parquet")],
+                [
+                    sys.executable,
+                    "-m",
+                    "agentboost.cli",
+                    "data",
+                    "to-verl",
+                    "--env",
+                    "math",
+                    "--env-kwargs",
+                    json.dumps(ENV_KWARGS),
+                    "--split",
+                    split,
+                    "-n",
+                    str(count),
+                    "--seed",
+                    str(args.seed),
+                    "--out",
+                    str(out / f"{split}.parquet"),
+                ],
                 check=True,
             )
 
