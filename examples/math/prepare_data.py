@@ -30,7 +30,7 @@ def demonstration(environment: MathEnvironment, task, tools: list) -> dict:
     expression = task.metadata["entry"]["metadata"]["expression"]
     calculator = environment.tools(Episode(task, 0))[0]
     arguments = {"expression": expression}
-    result = calculator._tool_func(expression)  # the tool's own output, exactly as a rollout sees it
+    result = calculator(**arguments)  # the tool's own output, exactly as a rollout sees it
     return {
         "messages": [
             {"role": "system", "content": environment.system_prompt},
