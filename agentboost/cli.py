@@ -247,10 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agentboost.engines.serve_command import register_serve_command
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
-    from agentboost.train.cli import register_train_command
+    from agentboost.train.cli import register_sft_command, register_train_command
 
     register_serve_command(commands)
     register_train_command(commands)
+    register_sft_command(commands)
     register_verl_commands(commands)
     return parser
 

@@ -52,3 +52,62 @@ def register_train_command(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.set_defaults(func=_cmd_train)
     return parser
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agentboost.train.sft import load_sft_config
+
+    overrides = list(args.overrides)
+    if args.config is not None and "=" in args.config:  # only overrides were given
+        args.config, overrides = None, [args.config, *overrides]
+    if args.data:
+        overrides.append(f"data.paths={json.dumps(args.data)}")
+    config = load_sft_config(args.config, overrides)
+    if args.print_config:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    from agentboost.train.sft import SFTTrainer
+
+    trainer = SFTTrainer(config)
+    report = trainer.data_report
+    print(
+        f"agentboost sft: {report.kept} examples ({report.low_reward} below min_reward, "
+        f"{report.failed} failed, {report.too_long} too long), "
+        f"{trainer.total_steps} steps of {trainer.batch_size}"
+    )
+    summary = trainer.train()
+    losses = sorted(summary.losses.items())
+    line = f"trained {summary.steps} steps"
+    if losses:
+        (first_step, first), (last_step, last) = losses[0], losses[-1]
+        line += f" | loss {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}"
+    evaluations = sorted(summary.eval_rewards.items())
+    if evaluations:
+        line += f" | held-out reward {evaluations[0][1]:.3f} -> {evaluations[-1][1]:.3f}"
+    print(f"{line} | {summary.output_dir}")
+    return 0
+
+
+def register_sft_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``sft`` to the ``agentboost`` command's subparsers."""
+    parser = subparsers.add_parser(
+        "sft",
+        help="supervised fine-tuning on rollout results (filtered by reward) or chat JSONL",
+        description=(
+            "Train on the assistant tokens of trajectories: results JSONL written by `agentboost run` or "
+            "`agentboost train` (token ids and loss mask used as stored; keep the good ones with "
+            'data.min_reward=1.0) or chat JSONL ({"messages": [...], "tools": [...]}, rendered with '
+            "agentboost's chat template). Settings as for `agentboost train`: CONFIG (YAML) then dotted "
+            "KEY=VALUE overrides, e.g. optimizer.lr=5e-5 batch_size=16 lora.enabled=true."
+        ),
+    )
+    parser.add_argument("config", nargs="?", default=None, help="YAML config file (omit for the defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="setting overrides, dotted keys")
+    parser.add_argument(
+        "--data", action="append", default=[], metavar="JSONL", help="a data file (repeatable; = data.paths)"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
+    )
+    parser.set_defaults(func=_cmd_sft)
+    return parser

@@ -281,8 +281,13 @@ class TrainConfig:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a YAML file (or start from the defaults), apply ``key=value`` overrides, validate."""
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), *, cls: type = TrainConfig
+) -> Any:
+    """Read a YAML file (or start from the defaults), apply ``key=value`` overrides, validate.
+
+    ``cls`` is the settings dataclass (``TrainConfig``; ``SFTConfig`` for ``agentboost sft``).
+    """
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -299,12 +304,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not separator or not key.strip():
             raise ConfigError(f"override {override!r} is not of the form key=value (e.g. optimizer.lr=2e-5)")
         _set_dotted(data, key.strip(), yaml.safe_load(text) if text.strip() else None)
-    return config_from_dict(data)
+    return config_from_dict(data, cls=cls)
 
 
-def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
-    """Build a validated :class:`TrainConfig` from nested plain data, checking every key and type."""
-    return _build(TrainConfig, data, prefix="").validate()
+def config_from_dict(data: Mapping[str, Any], *, cls: type = TrainConfig) -> Any:
+    """Build a validated ``cls`` (:class:`TrainConfig`) from nested plain data, checking keys and types."""
+    return _build(cls, data, prefix="").validate()
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:

@@ -22,36 +22,38 @@ A checkpoint (weights that train, optimizer, step, data position, RNG states) is
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
 import math
-import os
-import random
-import shutil
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentboost.agent.limits import RolloutLimits, resolve_limits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
-from agentboost.rollout.results import ResultStore, read_results
-from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
-from agentboost.train import algorithms
+from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
+from agentboost.train.checkpoint import Checkpoints
+from agentboost.train.collect import collect_rollouts, rollout_limits
 from agentboost.train.config import TrainConfig
 from agentboost.train.logging import MetricsLogger
-
-CHECKPOINT_PREFIX = "step_"
+from agentboost.train.policy import (
+    PolicyModel,
+    load_policy,
+    make_optimizer,
+    pad_token_id,
+    resolve_device,
+    seed_everything,
+)
 
 
 @dataclass
@@ -64,69 +66,6 @@ class TrainSummary:
     eval_rewards: dict[int, float]
     """step -> held-out mean reward."""
     resumed_from: int | None
-
-
-class _CountingStore(ResultStore):
-    """A ResultStore that reports each written result (to move the step's progress bar)."""
-
-    def __init__(self, path: Path, on_write: Callable[[RolloutResult], None]) -> None:
-        super().__init__(path, resume=True)
-        self._on_write = on_write
-
-    def write(self, result: RolloutResult) -> None:
-        super().write(result)
-        self._on_write(result)
-
-
-class PolicyModel:
-    """The model as the trainer sees it: logprobs (and entropy) of target tokens, only where needed.
-
-    The transformer body runs over every position, but the vocabulary projection only over positions
-    whose target was generated: prompts and tool results need hidden states, not [V]-sized logits.
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.model = model  # a transformers causal LM, or a peft model wrapping one
-        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.decoder = causal_lm.get_decoder()
-        self.head = causal_lm.get_output_embeddings()
-        if self.decoder is causal_lm or self.head is None:
-            raise ConfigError(
-                f"{type(causal_lm).__name__} does not expose a decoder body and an output head "
-                "(get_decoder / get_output_embeddings); the local trainer needs both"
-            )
-
-    def check_head(self, device: torch.device) -> None:
-        """Refuse models whose logits are more than ``head(hidden)`` (soft-capping, scaling)."""
-        ids = torch.arange(3, 11, device=device).unsqueeze(0)
-        with torch.no_grad():
-            reference = self.model(input_ids=ids, use_cache=False).logits.float()
-            ours = self.head(self.decoder(input_ids=ids, use_cache=False).last_hidden_state).float()
-        if not torch.allclose(reference, ours, atol=1e-3, rtol=1e-3):
-            raise ConfigError(
-                f"{type(self.model).__name__}'s logits are not its output head applied to its decoder's "
-                "hidden states (logit soft-capping or scaling?); the local trainer does not support it yet"
-            )
-
-    def logprobs(
-        self, batch: TokenBatch, temperature: float, *, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, T] logprobs of the target ids (0 where loss_mask is 0), and [B, T] entropy if asked."""
-        hidden = self.decoder(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state  # [B, T, H]
-        rows, columns = batch.loss_mask.nonzero(as_tuple=True)  # [N], [N]
-        logits = self.head(hidden[rows, columns])  # [N, V]
-        token_logprobs = algorithms.token_logprobs(logits, batch.target_ids[rows, columns], temperature)
-        shape = batch.loss_mask.shape
-        logprobs = torch.zeros(shape, dtype=torch.float32, device=hidden.device).index_put(
-            (rows, columns), token_logprobs
-        )
-        entropy = None
-        if with_entropy:
-            entropy = torch.zeros(shape, dtype=torch.float32, device=hidden.device)
-            entropy[rows, columns] = algorithms.entropy_from_logits(logits.detach(), temperature)
-        return logprobs, entropy
 
 
 class _Sums:
@@ -153,29 +92,19 @@ class Trainer:
             self.environment.template = config.model.template
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = torch.device(
-            config.model.device
-            if config.model.device != "auto"
-            else ("cuda" if torch.cuda.is_available() else "cpu")
-        )
-        self._seed_everything(config.seed)
-        self.tokenizer, self.model = self._load_policy()
+        self.device = resolve_device(config.model)
+        seed_everything(config.seed)
+        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device)
         self.policy = PolicyModel(self.model)
         self.policy.check_head(self.device)
         self.reference = self._make_reference()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer_config = config.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.parameters,
-            lr=optimizer_config.lr,
-            betas=(optimizer_config.beta1, optimizer_config.beta2),
-            eps=optimizer_config.eps,
-            weight_decay=optimizer_config.weight_decay,
-        )
+        self.optimizer = make_optimizer(self.parameters, config.optimizer)
+        self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
         from agentboost.engines.local import LocalEngine
 
         self.engine = LocalEngine(self.model, max_batch_size=max(1, config.rollout.concurrency))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
             self.environment.tasks(
                 config.environment.train_tasks, seed=config.environment.task_seed, split="train"
@@ -197,53 +126,6 @@ class Trainer:
 
         return make_environment(self.config.environment.name, self.config.environment.kwargs)
 
-    @staticmethod
-    def _seed_everything(seed: int) -> None:
-        random.seed(seed)
-        torch.manual_seed(seed)
-        with contextlib.suppress(ImportError):
-            import numpy
-
-            numpy.random.seed(seed % 2**32)
-
-    def _dtype(self) -> torch.dtype:
-        choice = self.config.model.dtype
-        if choice == "auto":
-            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
-
-    def _load_policy(self) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM
-
-        from agentboost.engines.factory import load_tokenizer
-        from agentboost.engines.models import resolve_model
-
-        name = self.config.model.name_or_path
-        tokenizer = load_tokenizer(name)
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=self._dtype()).to(self.device)
-        if self.config.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.config.use_cache = False
-        lora = self.config.lora
-        if lora.enabled:
-            try:
-                from peft import LoraConfig, get_peft_model
-            except ImportError as error:
-                raise ConfigError("lora.enabled needs peft: pip install 'agentboost[train]'") from error
-            if self.config.model.gradient_checkpointing:
-                model.enable_input_require_grads()
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=lora.rank,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=list(lora.target_modules),
-                    task_type="CAUSAL_LM",
-                ),
-            )
-        return tokenizer, model
-
     def _make_reference(self) -> PolicyModel | None:
         """The frozen policy of the KL penalty: adapters disabled with LoRA, else a frozen copy."""
         if self.config.algorithm.kl_coef == 0:
@@ -263,31 +145,16 @@ class Trainer:
     # --- data ------------------------------------------------------------------------------------
 
     def tasks_for_step(self, step: int) -> list[Any]:
-        """The step's tasks: a new permutation of the training pool each epoch, ``tasks_per_step`` at a time.
-
-        The data position is a function of the step alone (the tail of an epoch that does not fill a
-        step is skipped), so a resumed run draws exactly the tasks the uninterrupted one would.
-        """
-        per_step = self.config.rollout.tasks_per_step
-        steps_per_epoch = len(self.train_tasks) // per_step
-        epoch, offset = divmod(step, steps_per_epoch)
-        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.train_tasks), generator=generator).tolist()
-        return [self.train_tasks[i] for i in order[offset * per_step : (offset + 1) * per_step]]
+        """The step's tasks: a new permutation of the training pool each epoch (see :mod:`.schedule`)."""
+        return schedule.items_for_step(
+            self.train_tasks, step, self.config.rollout.tasks_per_step, self.config.seed
+        )
 
     def _limits(self, *, evaluation: bool = False) -> RolloutLimits:
-        rollout, defaults = self.config.rollout, self.environment.limits
-        max_new_tokens = rollout.max_new_tokens
-        if evaluation and self.config.eval.max_new_tokens is not None:
-            max_new_tokens = self.config.eval.max_new_tokens
-        return resolve_limits(
-            defaults,
-            {
-                "max_turns": rollout.max_turns,
-                "max_new_tokens": max_new_tokens,
-                "max_total_tokens": rollout.max_total_tokens,
-                "timeout_s": rollout.timeout_s,
-            },
+        return rollout_limits(
+            self.config.rollout,
+            self.environment.limits,
+            eval_config=self.config.eval if evaluation else None,
         )
 
     def _collect(
@@ -302,20 +169,21 @@ class Trainer:
         on_result: Callable[[RolloutResult], None],
     ) -> list[RolloutResult]:
         """Run ``tasks x samples`` rollouts on the current weights; results in job order."""
-        run_config = RunConfig(
+        self.model.eval()
+        return collect_rollouts(
+            self.environment,
+            self.engine,
+            self.tokenizer,
+            path,
+            tasks,
             samples=samples,
+            sampling=sampling,
+            limits=limits,
+            seed=seed,
             concurrency=self.config.rollout.concurrency,
             retries=self.config.rollout.retries,
-            seed=seed,
-            progress=False,
+            on_result=on_result,
         )
-        jobs = plan_jobs(self.environment, tasks, run_config)
-        self.model.eval()
-        execute = in_process(self.environment, self.engine, self.tokenizer, sampling=sampling, limits=limits)
-        with _CountingStore(path, on_result) as store:
-            asyncio.run(run_jobs(jobs, execute, store, run_config))
-        by_key = {(r.task_id, r.sample): r for r in read_results(path)}
-        return [by_key[(job.task_id, job.sample)] for job in jobs]
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -514,19 +382,8 @@ class Trainer:
         return samples, metrics
 
     def learning_rate(self, step: int) -> float:
-        """Linear warm-up for ``warmup_steps``, then constant, linear or cosine decay to lr * min_lr_ratio."""
-        optimizer = self.config.optimizer
-        if step < optimizer.warmup_steps:
-            return optimizer.lr * (step + 1) / (optimizer.warmup_steps + 1)
-        if optimizer.schedule == "constant":
-            return optimizer.lr
-        span = max(1, self.config.steps - optimizer.warmup_steps - 1)
-        progress = min(1.0, (step - optimizer.warmup_steps) / span)
-        if optimizer.schedule == "linear":
-            factor = 1.0 - progress
-        else:
-            factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return optimizer.lr * (optimizer.min_lr_ratio + (1.0 - optimizer.min_lr_ratio) * factor)
+        """The step's learning rate (see :func:`agentboost.train.schedule.learning_rate`)."""
+        return schedule.learning_rate(self.config.optimizer, step, self.config.steps)
 
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
         """The policy-gradient update on one step's samples; returns its metrics (policy/*, optim/*, ...)."""
@@ -681,80 +538,28 @@ class Trainer:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
-
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
-        if not self.checkpoint_dir.exists():
-            return []
-        found = [
-            path
-            for path in self.checkpoint_dir.iterdir()
-            if path.name.startswith(CHECKPOINT_PREFIX) and (path / "state.json").exists()
-        ]
-        return sorted(found, key=lambda path: int(path.name.removeprefix(CHECKPOINT_PREFIX)))
-
-    def _trainable_state(self) -> dict[str, torch.Tensor]:
-        return {
-            name: p.detach().cpu().clone() for name, p in self.model.named_parameters() if p.requires_grad
-        }
+        return self.checkpointer.list()
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_NNNNNN`` atomically (a killed save leaves no half checkpoint)."""
-        target = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{self.step:06d}"
-        staging = self.checkpoint_dir / f".staging-{self.step:06d}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        torch.save(self._trainable_state(), staging / "model.pt")
-        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(_rng_state(), staging / "rng.pt")
         state = {
-            "step": self.step,
             "tasks_consumed": self.step * self.config.rollout.tasks_per_step,
             "eval_rewards": {str(k): v for k, v in self.eval_rewards.items()},
             "config": self.config.to_dict(),
         }
-        (staging / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(staging, target)
-        for old in self.checkpoints()[: -self.config.checkpoint.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return target
+        return self.checkpointer.save(self.step, self.model, self.optimizer, state)
 
     def _resume(self) -> int:
         """Load the latest checkpoint when resuming; returns the step to continue from."""
-        found = self.checkpoints()
-        if not found:
-            return 0
-        if not self.config.checkpoint.resume:
-            raise ConfigError(
-                f"{self.run_dir} already holds checkpoints; set checkpoint.resume=true to continue that run, "
-                "or choose a new output_dir"
-            )
-        return self.load_checkpoint(found[-1])
+        resume = self.config.checkpoint.resume
+        latest = self.checkpointer.latest_for_resume(resume=resume, run_dir=self.run_dir)
+        return 0 if latest is None else self.load_checkpoint(latest)
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore weights, optimizer, step, evaluations and RNG states from ``path``; returns its step."""
-        state = json.loads((path / "state.json").read_text())
-        weights = torch.load(path / "model.pt", map_location="cpu")
-        parameters = dict(self.model.named_parameters())
-        missing = [name for name, p in parameters.items() if p.requires_grad and name not in weights]
-        if missing:
-            raise ConfigError(
-                f"checkpoint {path} does not match this model ({len(missing)} trainable weights missing, "
-                f"e.g. {missing[0]!r}); was it written with another model or LoRA setting?"
-            )
-        with torch.no_grad():
-            for name, value in weights.items():
-                parameters[name].copy_(value)
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu"))
-        _set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
-        saved = state.get("config", {})
-        changed = sorted(_differences(saved, self.config.to_dict()))
-        if changed:
-            print(f"agentboost: resuming {path} with changed settings: {', '.join(changed)}", file=sys.stderr)
+        state = self.checkpointer.load(path, self.model, self.optimizer, config=self.config.to_dict())
         self.eval_rewards = {int(k): v for k, v in state.get("eval_rewards", {}).items()}
         self.resumed_from = int(state["step"])
         return int(state["step"])
@@ -787,34 +592,3 @@ def _std(values: Sequence[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    with contextlib.suppress(ImportError):
-        import numpy
-
-        state["numpy"] = numpy.random.get_state()
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        with contextlib.suppress(ImportError):
-            import numpy
-
-            numpy.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _differences(old: Any, new: Any, prefix: str = "") -> Iterator[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            yield from _differences(old.get(key), new.get(key), f"{prefix}{key}.")
-    elif old != new:
-        yield prefix.rstrip(".")

@@ -1,0 +1,146 @@
+"""The policy being trained: device, dtype, loading (with optional LoRA), optimizer, and its logprobs.
+
+Shared by the RL trainer (:mod:`agentboost.train.trainer`) and supervised fine-tuning
+(:mod:`agentboost.train.sft`), so both load, adapt and optimise a model the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from agentboost.errors import ConfigError
+from agentboost.train import algorithms
+from agentboost.train.batching import TokenBatch
+from agentboost.train.config import LoraConfig, ModelConfig, OptimizerConfig
+
+
+def resolve_device(model: ModelConfig) -> torch.device:
+    """``auto`` is cuda when available, else cpu."""
+    if model.device != "auto":
+        return torch.device(model.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(model: ModelConfig, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on GPU and float32 on CPU."""
+    if model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[model.dtype]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, torch and numpy (when installed)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+
+
+def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> tuple[Any, Any]:
+    """The tokenizer and the causal LM to train (wrapped in LoRA adapters when ``lora.enabled``)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentboost.engines.factory import load_tokenizer
+    from agentboost.engines.models import resolve_model
+
+    tokenizer = load_tokenizer(model.name_or_path)
+    network = AutoModelForCausalLM.from_pretrained(
+        resolve_model(model.name_or_path), dtype=resolve_dtype(model, device)
+    ).to(device)
+    if model.gradient_checkpointing:
+        network.gradient_checkpointing_enable()
+        network.config.use_cache = False
+    if lora.enabled:
+        try:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+        except ImportError as error:
+            raise ConfigError("lora.enabled needs peft: pip install 'agentboost[train]'") from error
+        if model.gradient_checkpointing:
+            network.enable_input_require_grads()
+        network = get_peft_model(
+            network,
+            PeftLoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return tokenizer, network
+
+
+def make_optimizer(
+    parameters: Iterable[torch.nn.Parameter], config: OptimizerConfig
+) -> torch.optim.Optimizer:
+    """AdamW over the parameters that train."""
+    return torch.optim.AdamW(
+        list(parameters),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+class PolicyModel:
+    """The model as the trainer sees it: logprobs (and entropy) of target tokens, only where needed.
+
+    The transformer body runs over every position, but the vocabulary projection only over positions
+    whose target was generated: prompts and tool results need hidden states, not [V]-sized logits.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model  # a transformers causal LM, or a peft model wrapping one
+        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.decoder = causal_lm.get_decoder()
+        self.head = causal_lm.get_output_embeddings()
+        if self.decoder is causal_lm or self.head is None:
+            raise ConfigError(
+                f"{type(causal_lm).__name__} does not expose a decoder body and an output head "
+                "(get_decoder / get_output_embeddings); the local trainer needs both"
+            )
+
+    def check_head(self, device: torch.device) -> None:
+        """Refuse models whose logits are more than ``head(hidden)`` (soft-capping, scaling)."""
+        ids = torch.arange(3, 11, device=device).unsqueeze(0)
+        with torch.no_grad():
+            reference = self.model(input_ids=ids, use_cache=False).logits.float()
+            ours = self.head(self.decoder(input_ids=ids, use_cache=False).last_hidden_state).float()
+        if not torch.allclose(reference, ours, atol=1e-3, rtol=1e-3):
+            raise ConfigError(
+                f"{type(self.model).__name__}'s logits are not its output head applied to its decoder's "
+                "hidden states (logit soft-capping or scaling?); the local trainer does not support it yet"
+            )
+
+    def logprobs(
+        self, batch: TokenBatch, temperature: float, *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T] logprobs of the target ids (0 where loss_mask is 0), and [B, T] entropy if asked."""
+        hidden = self.decoder(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        ).last_hidden_state  # [B, T, H]
+        rows, columns = batch.loss_mask.nonzero(as_tuple=True)  # [N], [N]
+        logits = self.head(hidden[rows, columns])  # [N, V]
+        token_logprobs = algorithms.token_logprobs(logits, batch.target_ids[rows, columns], temperature)
+        shape = batch.loss_mask.shape
+        logprobs = torch.zeros(shape, dtype=torch.float32, device=hidden.device).index_put(
+            (rows, columns), token_logprobs
+        )
+        entropy = None
+        if with_entropy:
+            entropy = torch.zeros(shape, dtype=torch.float32, device=hidden.device)
+            entropy[rows, columns] = algorithms.entropy_from_logits(logits.detach(), temperature)
+        return logprobs, entropy
