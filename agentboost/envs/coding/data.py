@@ -18,7 +18,7 @@ Readers (:func:`normalize_row` picks one by the row's columns):
 Public / hidden split (the tool runs public tests, the reward hidden ones):
 
 - rows with separate public and private tests (LiveCodeBench): public = the public tests, hidden = the
-  private tests plus the public ones (LiveCodeBench grades on both);
+  public tests followed by the private ones (LiveCodeBench grades on both);
 - rows with one list of tests (DeepCoder, TACO, PrimeIntellect): public = the first ``public_count``
   tests (default 1, never all of them), hidden = every test (DeepCoder grades on all);
 - HumanEval: public = the examples in the docstring (``>>> f(x)`` / ``f(x) == y`` / ``f(x) ➞ y`` ...)
@@ -295,7 +295,7 @@ def _livecodebench_task(row: Mapping[str, Any], index: int, source: str) -> Codi
         raise ConfigError("public and private tests are of different types")
     if not public:
         test_type = private_type
-    hidden = private_cases + [case for case in public_cases if case not in private_cases]
+    hidden = public_cases + [case for case in private_cases if case not in public_cases]
     if not hidden:
         raise ConfigError("no test cases")
     source = str((row.get("platform") and f"livecodebench/{row['platform']}") or source or "livecodebench")

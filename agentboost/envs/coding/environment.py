@@ -32,7 +32,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.envs.base import Environment, Episode, Reward, Task
 from agentboost.envs.coding import grading
 from agentboost.envs.coding.data import prepare_tasks, read_tasks, write_tasks
-from agentboost.envs.coding.grading import CaseResult, Grade
+from agentboost.envs.coding.grading import Grade, format_report
 from agentboost.envs.coding.shared_pool import shared_pool
 from agentboost.envs.coding.submission import extract_submission, last_assistant_index, message_text
 from agentboost.envs.coding.task import CodingTask
@@ -246,50 +246,6 @@ def user_prompt(task: CodingTask) -> str:
             parts.append(f"Starter code:\n```python\n{task.starter_code.rstrip()}\n```")
         parts.append(how)
     return "\n\n".join(parts)
-
-
-def format_report(grade: Grade, max_chars: int = 2000) -> str:
-    """The tool's report: a status line, then each failing example (input, expected, got, error)."""
-    if grade.compile_error is not None:
-        return f"status: compile_error\n{grade.compile_error}\nNo example was run."
-    if not grade.cases:
-        return (
-            "status: no_tests\nThis problem has no public examples to run; check your program by reading it."
-        )
-    lines = [f"status: {grade.status} ({grade.passed} of {grade.total} public examples passed)"]
-    budget = max(200, max_chars - len(lines[0]))
-    for case in grade.cases:
-        if case.passed:
-            continue
-        block = _case_text(case)
-        if len(block) > budget:
-            lines.append(
-                f"... {sum(not c.passed for c in grade.cases[case.index :])} more failing examples not shown"
-            )
-            break
-        lines.append(block)
-        budget -= len(block)
-    return "\n".join(lines)
-
-
-def _case_text(case: CaseResult) -> str:
-    text = [f"example {case.index + 1}: {case.status}"]
-    if case.input is not None:
-        text.append("  input: " + _shown(case.input))
-    if case.expected is not None:
-        text.append("  expected: " + _shown(case.expected))
-    if case.got is not None:
-        text.append("  got: " + _shown(case.got))
-    if (case.detail and case.status != grading.WRONG_OUTPUT) or (case.detail and case.got is None):
-        text.append("  error: " + _shown(case.detail, 400))
-    return "\n".join(text)
-
-
-def _shown(text: str, limit: int = 300) -> str:
-    text = text.rstrip("\n")
-    if len(text) > limit:
-        text = text[:limit] + f"... [{len(text) - limit} more characters]"
-    return text.replace("\n", "\n    ") if "\n" in text else text
 
 
 # --- HumanEval, prepared once per machine --------------------------------------------------------------

@@ -370,3 +370,50 @@ def error_tail(result: SandboxResult, lines: int = 5) -> str:
     """The last lines of a failed run's stderr (a traceback's end), else its detail sentence."""
     tail = [line for line in result.stderr.strip().splitlines() if line.strip()][-lines:]
     return "\n".join(tail) if tail else result.detail
+
+
+# --- the tool's report --------------------------------------------------------------------------
+
+
+def format_report(grade: Grade, max_chars: int = 2000) -> str:
+    """The tool's report: a status line, then each failing example (input, expected, got, error)."""
+    if grade.compile_error is not None:
+        return f"status: compile_error\n{grade.compile_error}\nNo example was run."
+    if not grade.cases:
+        return (
+            "status: no_tests\nThis problem has no public examples to run; check your program by reading it."
+        )
+    lines = [f"status: {grade.status} ({grade.passed} of {grade.total} public examples passed)"]
+    budget = max(200, max_chars - len(lines[0]))
+    for case in grade.cases:
+        if case.passed:
+            continue
+        block = _case_text(case)
+        if len(block) > budget:
+            lines.append(
+                f"... {sum(not c.passed for c in grade.cases[case.index :])} more failing examples not shown"
+            )
+            break
+        lines.append(block)
+        budget -= len(block)
+    return "\n".join(lines)
+
+
+def _case_text(case: CaseResult) -> str:
+    text = [f"example {case.index + 1}: {case.status}"]
+    if case.input is not None:
+        text.append("  input: " + _shown(case.input))
+    if case.expected is not None:
+        text.append("  expected: " + _shown(case.expected))
+    if case.got is not None:
+        text.append("  got: " + _shown(case.got))
+    if (case.detail and case.status != WRONG_OUTPUT) or (case.detail and case.got is None):
+        text.append("  error: " + _shown(case.detail, 400))
+    return "\n".join(text)
+
+
+def _shown(text: str, limit: int = 300) -> str:
+    text = text.rstrip("\n")
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit} more characters]"
+    return text.replace("\n", "\n    ") if "\n" in text else text
