@@ -90,7 +90,7 @@ class PrepareReport:
 
 def read_rows(source: str, *, split: str = "train", config: str | None = None) -> Iterator[dict[str, Any]]:
     """Rows of a ``.jsonl``, ``.json`` or ``.parquet`` file, ``humaneval`` (the PyPI package), or a
-    Hugging Face dataset name (needs ``pip install datasets`` and the hub)."""
+    Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``pip install datasets`` and the hub)."""
     if source.lower() == "humaneval":
         yield from humaneval_rows()
         return
@@ -102,7 +102,8 @@ def read_rows(source: str, *, split: str = "train", config: str | None = None) -
         os.sep in source and not re.fullmatch(r"[\w.-]+/[\w.-]+", source)
     ):
         raise ConfigError(f"no such file: {source}")
-    yield from _read_hub(source, split=split, config=config)
+    name, _, named_config = source.partition(":")  # NAME:CONFIG picks a hub dataset's configuration
+    yield from _read_hub(name, split=split, config=config or named_config or None)
 
 
 def _read_file(path: Path) -> Iterator[dict[str, Any]]:
