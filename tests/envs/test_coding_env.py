@@ -21,7 +21,7 @@ HIDDEN_ONLY = ("7777777", "7777778", "8888888", "8888883")
 """Inputs and outputs of hidden tests that are not public: the model must never see them."""
 
 
-def test_call(code: str) -> str:
+def tool_call(code: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": TOOL_NAME, "arguments": {"code": code}}) + "\n</tool_call>"
 
 
@@ -52,7 +52,7 @@ def test_public_tests_reach_the_tool_and_hidden_tests_never_do(data, qwen_tokeni
     environment = make_environment("coding", {"data": data})
     task = stdio_task(environment)
     result, engine = rollout(
-        environment, task, [test_call(BAD), test_call(GOOD), answer(GOOD)], qwen_tokenizer, say
+        environment, task, [tool_call(BAD), tool_call(GOOD), answer(GOOD)], qwen_tokenizer, say
     )
     trajectory = result.trajectory
     tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
@@ -92,7 +92,7 @@ def test_no_fenced_block_is_no_submission(data, qwen_tokenizer, say):
 
 
 def test_a_wrong_submission_scores_zero_or_its_fraction(data, qwen_tokenizer, say):
-    half_right = "a, b = map(int, input().split())\nprint(a + b if a < 100 else 0)\n"
+    half_right = "a, b = map(int, input().split())\nprint(a + b if max(a, b) < 100 else 0)\n"
     binary = CodingEnvironment(data=data)
     result, _ = rollout(binary, stdio_task(binary), [answer(half_right)], qwen_tokenizer, say)
     assert result.reward == 0.0 and result.reward_info["first_failure_status"] == "wrong_output"
@@ -118,7 +118,7 @@ def test_hostile_submissions_and_tool_calls_fail_with_the_right_status(
 ):
     environment = CodingEnvironment(data=data, time_limit_s=1.5, reward="fraction")
     result, _ = rollout(
-        environment, stdio_task(environment), [test_call(program), answer(program)], qwen_tokenizer, say
+        environment, stdio_task(environment), [tool_call(program), answer(program)], qwen_tokenizer, say
     )
     tool_message = next(m for m in result.trajectory.messages if m["role"] == "tool")
     assert tool_message["metadata"]["status"] == status
@@ -129,7 +129,7 @@ def test_function_call_tasks_run_solution_methods(data, qwen_tokenizer, say):
     environment = CodingEnvironment(data=data)
     task = next(t for t in environment.tasks() if t.id == "lcb-functional-1")
     program = "class Solution:\n    def add(self, a: int, b: int) -> int:\n        return a + b\n"
-    result, _ = rollout(environment, task, [test_call(program), answer(program)], qwen_tokenizer, say)
+    result, _ = rollout(environment, task, [tool_call(program), answer(program)], qwen_tokenizer, say)
     assert result.reward == 1.0 and result.reward_breakdown["tests_total"] == 3.0
 
 
@@ -142,7 +142,7 @@ def test_concurrent_rollouts_share_one_pool_per_loop(data, qwen_tokenizer, say):
             *(
                 environment.rollout(
                     task,
-                    ScriptedEngine([say(test_call(GOOD)), say(answer(GOOD))]),
+                    ScriptedEngine([say(tool_call(GOOD)), say(answer(GOOD))]),
                     qwen_tokenizer,
                     template="qwen3",
                     sample=sample,
