@@ -4,7 +4,7 @@
 # in agentboost's sandbox on the agent-loop workers.
 #
 #   python examples/deepcoder/prepare_data.py --verl --train ... --test ...   # writes DATA_DIR/*.parquet
-#   bash examples/deepcoder/train_verl.sh
+#   bash examples/deepcoder/train_verl.sh        # (prepares TRAIN_SOURCES / TEST_SOURCES if DATA_DIR is empty)
 #
 # Many nodes: start Ray first (`ray start --head` on node 0, `ray start --address=HEAD:6379` on the
 # others), then run this script on node 0 with NNODES set. Hyperparameters live in examples/deepcoder/
@@ -20,7 +20,11 @@ N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-8}
 NNODES=${NNODES:-1}
 ROLLOUT_TP=${ROLLOUT_TP:-1}                       # tensor parallel size of each vLLM / SGLang server
 AGENT_WORKERS=${AGENT_WORKERS:-8}                 # agent-loop worker processes (agents and sandboxes run there)
-DATA_DIR=${DATA_DIR:-data/deepcoder}              # train.parquet / test.parquet from prepare_data.py --verl
+DATA_DIR=${DATA_DIR:-data/deepcoder}              # train.parquet / test.parquet (prepare_data.py --verl)
+TRAIN_SOURCES=${TRAIN_SOURCES:-humaneval}         # used only when DATA_DIR has no parquet yet: files, hub
+TEST_SOURCES=${TEST_SOURCES:-humaneval}           #   names (NAME:CONFIG) or humaneval, space-separated
+TRAIN_TASKS=${TRAIN_TASKS:-}                      # at most this many tasks per split (empty: all)
+VAL_TASKS=${VAL_TASKS:-}
 EXPERIMENT_NAME=${EXPERIMENT_NAME:-deepcoder-${ROLLOUT_BACKEND}}
 CONFIG=${CONFIG:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/verl.yaml}
 # ----------------------------------------------------------------------------------------------------
@@ -29,12 +33,18 @@ case "$ROLLOUT_BACKEND" in
     vllm | sglang) ;;
     *) echo "ROLLOUT_BACKEND must be vllm or sglang, not '$ROLLOUT_BACKEND'" >&2; exit 2 ;;
 esac
-for split in train test; do
-    if [[ ! -f "$DATA_DIR/$split.parquet" ]]; then
-        echo "no $DATA_DIR/$split.parquet: run python examples/deepcoder/prepare_data.py --verl first" >&2
-        exit 2
-    fi
-done
+# Tasks as veRL parquet, unless prepared already (examples/deepcoder/prepare_data.py --verl also drops
+# training problems that are in the test set; this shortcut does not).
+if [[ ! -f "$DATA_DIR/train.parquet" ]]; then
+    # shellcheck disable=SC2086  # the sources are a space-separated list
+    agentboost data prepare-coding $TRAIN_SOURCES --split train ${TRAIN_TASKS:+--limit "$TRAIN_TASKS"} \
+        --out "$DATA_DIR/train.jsonl" --verl-out "$DATA_DIR/train.parquet"
+fi
+if [[ ! -f "$DATA_DIR/test.parquet" ]]; then
+    # shellcheck disable=SC2086
+    agentboost data prepare-coding $TEST_SOURCES --split test ${VAL_TASKS:+--limit "$VAL_TASKS"} \
+        --out "$DATA_DIR/test.jsonl" --verl-out "$DATA_DIR/test.parquet"
+fi
 
 # verl.yaml as Hydra overrides (nested keys joined with dots; lists and dicts as Hydra values).
 mapfile -t FROM_CONFIG < <(python - "$CONFIG" <<'PY'
