@@ -178,3 +178,22 @@ def test_bad_environment_arguments_are_config_errors():
         make_environment("coding", {"reward": "partial"})
     with pytest.raises(ConfigError, match="humaneval_mode"):
         make_environment("coding", {"humaneval_mode": "fast"})
+
+
+def test_humaneval_by_default_through_the_whole_rollout(qwen_tokenizer, say, tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTBOOST_HOME", str(tmp_path))  # prepares HumanEval afresh (sandbox-checked)
+    environment = make_environment("coding")
+    tasks = environment.tasks(3)
+    assert [t.id for t in tasks] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert (tmp_path / "coding" / "humaneval.jsonl").exists()
+    for task in tasks:
+        coding = environment.coding_task(task)
+        whole = coding.starter_code + coding.metadata["canonical_solution"]
+        broken = coding.starter_code + "    return None\n"
+        result, _ = rollout(environment, task, [tool_call(whole), answer(whole)], qwen_tokenizer, say)
+        assert result.reward == 1.0 and result.trajectory.messages[3]["metadata"]["status"] == "passed"
+        result, _ = rollout(environment, task, [answer(broken)], qwen_tokenizer, say)
+        assert result.reward == 0.0 and result.reward_info["first_failure_status"] in (
+            "wrong_output",
+            "runtime_error",
+        )

@@ -20,7 +20,6 @@ hidden tests (DeepCoder-style).
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,8 +62,9 @@ _HOW_TO_RUN = {
 
 
 def _humaneval_cache() -> Path:
-    root = Path(os.environ.get("AGENTBOOST_CACHE", Path.home() / ".cache" / "agentboost"))
-    return root / "coding" / "humaneval.jsonl"
+    from agentboost.engines.models import cache_dir
+
+    return cache_dir() / "coding" / "humaneval.jsonl"
 
 
 class CodingEnvironment(Environment):
