@@ -86,7 +86,7 @@ SCRIPTS = {
 def _one(tokenizer, im_end: int, turns: list[str], task_id: str, sample: int) -> RolloutResult:
     environment = ToolEnvironment()
     engine = ScriptedEngine(
-        [tokenizer.encode(text, add_special_tokens=False) + [im_end] for text in turns],
+        [[*tokenizer.encode(text, add_special_tokens=False), im_end] for text in turns],
         logprob=-0.25,
     )
     trajectory = asyncio.run(

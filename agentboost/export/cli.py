@@ -41,7 +41,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
             try:
                 explicit = json.loads(Path(args.tools).read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as error:
-                raise ConfigError(f"--tools {args.tools}: cannot read a JSON list of schemas ({error})") from error
+                raise ConfigError(
+                    f"--tools {args.tools}: cannot read a JSON list of schemas ({error})"
+                ) from error
             if not isinstance(explicit, list):
                 raise ConfigError(f"--tools {args.tools} must hold a JSON list of OpenAI function schemas")
         kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}

@@ -36,7 +36,8 @@ class ExportFilter:
 
     def accepts(self, result: RolloutResult) -> bool:
         reward = result.reward
-        if reward is None and (self.scored_only or self.min_reward is not None or self.max_reward is not None):
+        bounded = self.min_reward is not None or self.max_reward is not None
+        if reward is None and (self.scored_only or bounded):
             return False
         if self.min_reward is not None and reward is not None and reward < self.min_reward:
             return False

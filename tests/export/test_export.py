@@ -83,7 +83,8 @@ def test_sft_keeps_scored_clean_rollouts_and_lists_the_tool_schemas(
     assert records[0]["tools"] == tool_schemas_for("results_support:ToolEnvironment")
     assert records[0]["tools"][0]["function"]["parameters"]["properties"]["a"]["type"] == "integer"
     messages = records[0]["messages"]
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    roles = ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in messages] == roles
     assert messages[2]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 12, "b": 30}}
     assert messages[3] == {
         "role": "tool",
@@ -97,9 +98,7 @@ def test_sft_keeps_scored_clean_rollouts_and_lists_the_tool_schemas(
     assert '"name": "add"' in text and "<tool_response>\n42\n</tool_response>" in text
     assert text.rstrip().endswith("Answer: 84<|im_end|>")
     # --keep-parse-errors brings the third one back; with no filter the unscored one stays out
-    code = main(
-        ["export", str(results_path), "-o", str(out), "--format", "sft", "--keep-parse-errors"]
-    )
+    code = main(["export", str(results_path), "-o", str(out), "--format", "sft", "--keep-parse-errors"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 5
     from datasets import Dataset
@@ -119,7 +118,8 @@ def test_sft_without_known_environment_is_a_clear_error(results_path, tmp_path, 
     schemas = tmp_path / "tools.json"
     schemas.write_text(json.dumps([{"type": "function", "function": {"name": "f", "parameters": {}}}]))
     out = tmp_path / "x.jsonl"
-    assert main(["export", str(results_path), "-o", str(out), "--format", "sft", "--tools", str(schemas)]) == 0
+    args = ["export", str(results_path), "-o", str(out), "--format", "sft", "--tools", str(schemas)]
+    assert main(args) == 0
     assert json.loads(out.read_text().splitlines()[0])["tools"][0]["function"]["name"] == "f"
 
 
