@@ -117,3 +117,126 @@ def scripted_results(tokenizer, path: Path) -> Path:
             for sample, turns in enumerate(samples):
                 store.write(_one(tokenizer, im_end, turns, task_id, sample))
     return path
+
+
+# --- hand-built coding-style rollouts with known counts (the stats fixture) ----------------------
+
+
+def _hand(
+    task_id, sample, *, reward, calls=(), breakdown=None, info=None, ending="completed", parse=(), turns=1
+):
+    """A rollout built by hand: ``calls`` are (tool, status | None, error, duration_s | None)."""
+    from agentboost.tokens.trajectory import Segment, Trajectory
+
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Solve it."}]
+    for number, (name, status, error, duration) in enumerate(calls):
+        call_id = f"call_{task_id}_{sample}_{number}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": {}}}
+                ],
+            }
+        )
+        tool_message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": f"{status}"}
+        metadata = {}
+        if status is not None:
+            metadata["status"] = status
+        if duration is not None:
+            metadata["duration_s"] = duration
+        if metadata:
+            tool_message["metadata"] = metadata
+        if error:
+            tool_message["error"] = True
+        messages.append(tool_message)
+    for _kind in parse:
+        messages.append({"role": "assistant", "content": "<tool_call>oops</tool_call>"})
+        messages.append(
+            {"role": "tool", "tool_call_id": "x", "name": None, "content": "Error", "error": True}
+        )
+    messages.append({"role": "assistant", "content": "```python\nprint(1)\n```"})
+    segments = [Segment("prompt", 0, 4, 0), Segment("assistant", 4, 8, 1, "stop", list(parse))]
+    trajectory = Trajectory(
+        task_id=task_id,
+        messages=messages,
+        token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+        loss_mask=[0, 0, 0, 0, 1, 1, 1, 1],
+        logprobs=[None] * 4 + [-0.1, -2.5, -0.01, -7.0],
+        segments=segments,
+        termination=ending,
+        metrics={
+            "turns": turns,
+            "tool_calls": len(calls),
+            "parse_errors": len(parse),
+            "generated_tokens": 4,
+            "prompt_tokens": 4,
+            "total_tokens": 8,
+            "latency_s": 1.0 + sample,
+        },
+        info={"environment": "coding"},
+        reward=reward,
+    )
+    result = RolloutResult(task_id, sample, trajectory, reward, dict(breakdown or {}))
+    if reward is None:
+        result.reward_error = "grader crashed"
+    result.reward_info = dict(info or {})
+    return result
+
+
+def coding_fixture() -> list[RolloutResult]:
+    """Six rollouts; the counts each table must show are written out in tests/eval/test_stats.py."""
+
+    def coding(submitted, tested, passed, total):
+        return {
+            "submitted": float(submitted),
+            "tested_before_submit": float(tested),
+            "tests_passed": float(passed),
+            "tests_total": float(total),
+        }
+
+    return [
+        _hand(
+            "a",
+            0,
+            reward=1.0,
+            turns=3,
+            calls=[("run_tests", "wrong_output", False, 0.5), ("run_tests", "passed", False, 1.5)],
+            breakdown=coding(1, 1, 5, 5),
+        ),
+        _hand(
+            "a", 1, reward=0.0, breakdown=coding(1, 0, 2, 5), info={"first_failure_status": "wrong_output"}
+        ),
+        _hand(
+            "b",
+            0,
+            reward=0.0,
+            ending="max_turns",
+            calls=[("run_tests", "compile_error", True, None)],
+            breakdown=coding(0, 0, 0, 4),
+            parse=["bad_json"],
+        ),
+        _hand(
+            "b",
+            1,
+            reward=1.0,
+            calls=[
+                ("run_tests", "timeout", False, None),
+                ("run_tests", "runtime_error", False, None),
+                ("read_file", None, False, None),
+                ("run_tests", "passed", False, None),
+            ],
+            breakdown=coding(1, 1, 3, 3),
+        ),
+        _hand("c", 0, reward=None, ending="engine_error"),
+        _hand(
+            "c",
+            1,
+            reward=0.0,
+            calls=[("read_file", None, True, None)],
+            breakdown=coding(1, 0, 0, 4),
+            info={"first_failure_status": "runtime_error"},
+            parse=["bad_json", "unknown_tool"],
+        ),
+    ]
