@@ -112,10 +112,7 @@ def build_page(
         "summary_line": stats.to_markdown().split("\n")[2],
         "vocab": vocab,
     }
-    details = "\n".join(
-        f'<script type="application/json" id="r{index}">{embed_json(_detail(result))}</script>'
-        for index, result in enumerate(results)
-    )
+    details = "\n".join(_data_element(f"r{index}", _detail(result)) for index, result in enumerate(results))
     template = (_ASSETS / "page.html").read_text(encoding="utf-8")
     return (
         template.replace("/*STYLE*/", (_ASSETS / "page.css").read_text(encoding="utf-8"))
@@ -126,6 +123,10 @@ def build_page(
         )
         .replace("<!--DETAILS-->", details)
     )
+
+
+def _data_element(element_id: str, value: Any) -> str:
+    return f'<script type="application/json" id="{element_id}">{embed_json(value)}</script>'
 
 
 def _escape_text(text: str) -> str:

@@ -20,6 +20,7 @@
     for (const child of children) if (child != null) node.appendChild(child);
     return node;
   }
+  const fmtReward = (v) => (v === null || v === undefined ? "n/a" : v.toFixed(3));
   const fmt = (v) => (v === null || v === undefined ? "n/a" : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : String(v));
 
   // --- overview: summary, statistics tables, reward histogram ---------------------------------
@@ -132,7 +133,7 @@
     const shown = state.filtered.slice(start, start + PAGE_SIZE);
     const fragment = document.createDocumentFragment();
     for (const r of shown) {
-      const reward = el("td", { text: fmt(r.reward), cls: r.reward === null ? "na" : r.reward >= data.threshold ? "good" : "bad" });
+      const reward = el("td", { text: fmtReward(r.reward), cls: r.reward === null ? "na" : r.reward >= data.threshold ? "good" : "bad" });
       const tr = el("tr", { "data-index": String(r.i) },
         el("td", { text: String(r.i) }), el("td", { text: r.task, title: r.task }), el("td", { text: String(r.sample) }),
         reward, el("td", { text: r.end }), el("td", { text: String(r.turns) }), el("td", { text: String(r.calls) }),
@@ -237,7 +238,7 @@
     $("detail-empty").hidden = true;
     $("detail").hidden = false;
     $("detail-title").textContent = `${r.task} / sample ${r.sample}`;
-    const facts = [`reward ${fmt(r.reward)}`, `termination ${r.end}` + (detail.detail ? ` (${detail.detail})` : ""),
+    const facts = [`reward ${fmtReward(r.reward)}`, `termination ${r.end}` + (detail.detail ? ` (${detail.detail})` : ""),
       `${r.turns} turns`, `${r.calls} tool calls`, `${r.perr} parse errors`, `${detail.ids.length} tokens (${r.gen} generated)`];
     if (Object.keys(detail.breakdown).length) facts.push(`breakdown ${JSON.stringify(detail.breakdown)}`);
     if (Object.keys(detail.reward_info).length) facts.push(`reward info ${JSON.stringify(detail.reward_info)}`);
