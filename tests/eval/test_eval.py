@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import run, tiny_qwen3
 from results_support import GOOD, ToolEnvironment
@@ -143,6 +145,42 @@ def test_eval_command_on_the_embedded_engine_and_compare(checkpoints, tmp_path, 
     base, trained = reports["base"]["pass@k"]["1"], reports["trained"]["pass@k"]["1"]
     assert f"| pass@1 | {base:.3f} | {trained:.3f} | {trained - base:+.3f} |" in table
     assert "| mean reward |" in table and "| termination max_tokens (share) |" in table
+
+    # every inspection command reads these embedded-engine results
+    results_path = tmp_path / "trained.jsonl"
+    assert (
+        main(["stats", str(results_path), "-o", str(tmp_path / "stats"), "--plot", str(tmp_path / "png")])
+        == 0
+    )
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["summary"]["rollouts"] == 6
+    assert stats["tables"]["terminations"]["rows"][0][:2] == ["max_tokens", 6]
+    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
+        "reward_by_step.png",
+        "terminations.png",
+        "tool_calls_per_rollout.png",
+    ]
+    assert (
+        main(
+            [
+                "view",
+                str(results_path),
+                "-o",
+                str(tmp_path / "v.html"),
+                "--tokenizer",
+                str(checkpoints["base"]),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "v.html").stat().st_size > 10_000
+    assert main(["export", str(results_path), "-o", str(tmp_path / "t.parquet"), "--format", "parquet"]) == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    on_disk = list(read_results(results_path))
+    assert [row["input_ids"] for row in rows] == [r.trajectory.token_ids for r in on_disk]
+    assert [row["logprobs"] for row in rows] == [r.trajectory.logprobs for r in on_disk]
 
 
 def test_compare_refuses_a_file_that_is_not_a_report(tmp_path, capsys):

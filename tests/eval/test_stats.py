@@ -115,3 +115,20 @@ def test_stats_command_prints_and_writes_markdown_and_json(tmp_path, capsys):
     data = json.loads((tmp_path / "report" / "stats.json").read_text())
     assert data["tables"]["coding_test_calls"]["rows"][0] == ["passed", 2, 2 / 6]
     assert data["summary"]["unscored"] == 1
+
+
+def test_stats_plots_reward_by_step_from_several_files(qwen_tokenizer, tmp_path):
+    import matplotlib.image
+
+    first = scripted_results(qwen_tokenizer, tmp_path / "step_000001.jsonl")
+    second = tmp_path / "step_000002.jsonl"
+    with ResultStore(second) as store:
+        for result in coding_fixture():
+            store.write(result)
+    out = tmp_path / "plots"
+    assert main(["stats", str(first), str(second), "-o", str(tmp_path / "s"), "--plot", str(out)]) == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["summary"]["rollouts"] == 12  # both files pooled
+    for name in ("reward_by_step.png", "tool_calls_per_rollout.png", "terminations.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
