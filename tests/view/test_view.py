@@ -204,3 +204,41 @@ def test_thousands_of_rollouts_stay_paginated(results, tmp_path):
     finally:
         browser.close()
         manager.stop()
+
+
+def test_empty_and_crashed_results_render(tmp_path):
+    from agentboost.rollout.runner import Job, crashed_result
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["view", str(empty), "-o", str(tmp_path / "empty.html")]) == 0
+    assert main(["stats", str(empty), "-o", str(tmp_path / "empty")]) == 0
+    crashed = tmp_path / "crashed.jsonl"
+    with ResultStore(crashed) as store:
+        store.write(crashed_result(Job("t", {}, 0, 0), "killed by the OOM killer"))
+    assert main(["view", str(crashed), "-o", str(tmp_path / "crashed.html")]) == 0
+    assert main(["export", str(crashed), "-o", str(tmp_path / "c.parquet"), "--format", "parquet"]) == 0
+    assert main(["export", str(crashed), "-o", str(tmp_path / "c.jsonl"), "--format", "sft"]) == 0
+    assert (tmp_path / "c.jsonl").read_text() == ""  # unscored and failed: not an SFT example
+    try:
+        playwright = _browser()
+    except pytest.skip.Exception:
+        return
+    for name in ("empty.html", "crashed.html"):
+        manager = playwright.sync_playwright().start()
+        browser = manager.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            problems = []
+            page.on("pageerror", lambda error, problems=problems: problems.append(str(error)))
+            page.goto((tmp_path / name).as_uri())
+            page.wait_for_selector("#count")
+            if name == "crashed.html":
+                page.click("#rows tbody tr[data-index='0']")
+                assert "worker_crashed" in page.text_content("#detail-facts")
+            else:
+                assert page.text_content("#count") == "0 rollouts"
+            assert problems == []
+        finally:
+            browser.close()
+            manager.stop()
