@@ -159,3 +159,16 @@ def test_prepare_coding_command_writes_jsonl_and_reports(tmp_path):
     assert "3 coding tasks" in done.stdout
     assert "malformed malformed row 5" in done.stderr and "6 malformed rows" in done.stderr
     assert len(read_tasks(out)) == 3
+
+
+def test_a_dataset_folder_loads_through_the_hub_loader(tmp_path):
+    pytest.importorskip("datasets")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [json.loads(line) for line in (FIXTURES / "livecodebench_lite.jsonl").read_text().splitlines()]
+    (tmp_path / "lcb" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "lcb" / "data" / "test-00000-of-00001.parquet")
+    report = prepare_tasks([str(tmp_path / "lcb")], split="test")
+    assert report.malformed == [] and [t.id for t in report.tasks] == ["lcb-stdin-1", "lcb-functional-1"]
+    assert [(g.status, g.total) for g in grade_all(report.tasks, GOOD)] == [("passed", 3), ("passed", 3)]

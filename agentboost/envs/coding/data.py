@@ -95,6 +95,9 @@ def read_rows(source: str, *, split: str = "train", config: str | None = None) -
         yield from humaneval_rows()
         return
     path = Path(source)
+    if path.is_dir():  # a dataset folder (parquet / JSON files, or a hub snapshot): the hub's own loader
+        yield from _read_hub(str(path), split=split, config=config)
+        return
     if path.exists():
         yield from _read_file(path)
         return
