@@ -150,3 +150,23 @@ def test_every_humaneval_canonical_solution_scores_one_and_a_broken_variant_zero
     assert [task.id for task, g in zip(tasks, good, strict=True) if not g.all_passed] == []
     _, bad = _humaneval_grades(_broken, mode)
     assert [task.id for task, g in zip(tasks, bad, strict=True) if g.all_passed] == []
+
+
+FORGERIES = {
+    "exits before check()": "import os\nos._exit(0)\n",
+    "sys.exit(0)": "import sys\nsys.exit(0)\n",
+    "equal to everything": (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n\n"
+        "def has_close_elements(numbers, threshold):\n    return Anything()\n"
+    ),
+}
+
+
+@pytest.mark.skipif(
+    not grading.HUMANEVAL_CHECKER,
+    reason="needs the hardened sandbox (issue #9): check() must run where the program cannot reach it",
+)
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_humaneval_verdicts_cannot_be_forged_by_the_submission(forgery):
+    task = humaneval_task(humaneval_rows()[0])
+    assert not grade(task, FORGERIES[forgery]).all_passed

@@ -26,7 +26,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import copy
+import inspect
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -256,6 +258,8 @@ def _cases(report: TestReport, tests: Sequence[Mapping[str, Any]]) -> list[CaseR
 
 def _case(result: TestResult, test_input: str | None) -> CaseResult:
     status = _FROM_TEST_STATUS[result.status]
+    if status == RUNTIME_ERROR and _MEMORY_ERROR.match(result.detail or ""):
+        status = MEMORY  # an uncaught MemoryError: the memory limit, whichever way the sandbox reports it
     if status == PASSED:
         return CaseResult(result.index, status)
     return CaseResult(result.index, status, result.detail, test_input, result.expected, result.actual)
@@ -270,10 +274,20 @@ async def _run_humaneval_hidden(
         tests = [case for test in tests for case in split_check(test)]
     elif mode != "one_run":
         raise ValueError(f"humaneval_mode must be 'one_run' or 'per_case', got {mode!r}")
+    # The hardened sandbox (issue #9) runs check() in a checker process the program cannot reach and
+    # takes the trusted prompt to define the test's helpers from; older sandboxes do not take it.
+    trusted = {"prompt": task.starter_code} if HUMANEVAL_CHECKER else {}
     reports = await asyncio.gather(
-        *(run_humaneval_test(program, test, task.fn_name, pool=pool, limits=limits) for test in tests)
+        *(
+            run_humaneval_test(program, test, task.fn_name, pool=pool, limits=limits, **trusted)
+            for test in tests
+        )
     )
     return Grade([_case(_reindexed(report.results[0], index), None) for index, report in enumerate(reports)])
+
+
+HUMANEVAL_CHECKER = "prompt" in inspect.signature(run_humaneval_test).parameters
+"""True when the sandbox grades HumanEval in a checker process (verdicts the program cannot forge)."""
 
 
 def _reindexed(result: TestResult, index: int) -> TestResult:
@@ -322,6 +336,7 @@ def split_check(test: str) -> list[str]:
 # --- HumanEval docstring examples: a call and its expected value --------------------------------------
 
 _VALUE_MARKER = "@@agentboost-example-value@@"
+_MEMORY_ERROR = re.compile(r"(exit code \d+: )?MemoryError\b")
 
 
 async def _run_call_example(
@@ -334,9 +349,10 @@ async def _run_call_example(
     )
     result = await pool.run_python(code, limits=limits)
     if not result.ok:
-        return CaseResult(
-            index, _FROM_SANDBOX_STATUS[result.status], error_tail(result), call, expected, None
-        )
+        status = _FROM_SANDBOX_STATUS[result.status]
+        if status == RUNTIME_ERROR and _MEMORY_ERROR.match(_last_line(result.stderr)):
+            status = MEMORY
+        return CaseResult(index, status, error_tail(result), call, expected, None)
     marked = [line for line in result.stdout.splitlines() if line.startswith(_VALUE_MARKER)]
     if not marked:
         return CaseResult(index, RUNTIME_ERROR, "the program exited before the call returned", call, expected)
@@ -364,6 +380,10 @@ def _close(a: Any, b: Any) -> bool:
             type(a) is type(b) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
         )
     return a == b
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
 def error_tail(result: SandboxResult, lines: int = 5) -> str:
