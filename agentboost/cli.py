@@ -246,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_cmd_show)
 
     from agentboost.engines.serve_command import register_serve_command
+    from agentboost.eval.cli import register_commands as register_eval_commands
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
     from agentboost.train.cli import register_sft_command, register_train_command
 
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_train_command(commands)
     register_sft_command(commands)
     register_verl_commands(commands)
+    register_eval_commands(commands)
     return parser
 
 

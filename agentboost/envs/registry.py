@@ -17,6 +17,7 @@ from agentboost.errors import ConfigError
 _REGISTRY: dict[str, str] = {
     "arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment",
     "math": "agentboost.envs.math_problems:MathEnvironment",
+    "coding": "agentboost.envs.coding.environment:CodingEnvironment",
 }
 
 

@@ -58,6 +58,9 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         "--data-source", default=None, help="veRL data_source column (default: the environment's name)"
     )
     to_verl.set_defaults(func=_cmd_data_to_verl)
+    from agentboost.envs.coding.cli import register_prepare_coding
+
+    register_prepare_coding(formats)
 
     doctor = commands.add_parser(
         "doctor", help="check verl, vllm, sglang, torch, transformers and strands-agents for veRL training"
