@@ -14,7 +14,10 @@ from typing import Any
 from agentboost.envs.base import Environment
 from agentboost.errors import ConfigError
 
-_REGISTRY: dict[str, str] = {"arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment"}
+_REGISTRY: dict[str, str] = {
+    "arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment",
+    "tau2": "agentboost.envs.tau2.environment:Tau2Environment",
+}
 
 
 def register_environment(name: str, reference: str) -> None:
