@@ -250,7 +250,7 @@ def test_simulator_markers_end_the_conversation(qwen_tokenizer, say, marker):
 
 
 def test_simulator_retries_blank_replies_then_reports_a_failure(qwen_tokenizer, say):
-    simulator, engine = _simulator(qwen_tokenizer, [say("   "), say("\n"), say("Hello there")], retries=2)
+    simulator, _ = _simulator(qwen_tokenizer, [say("   "), say("\n"), say("Hello there")], retries=2)
     reply = asyncio.run(simulator.reply("scenario", []))
     assert reply.text == "Hello there" and reply.attempts == 3 and reply.failure is None
     simulator, _ = _simulator(qwen_tokenizer, [say(""), say(" "), say("\n")], retries=2)
