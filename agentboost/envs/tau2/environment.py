@@ -18,8 +18,12 @@ ticket mode: the agent ends its turn  ``completed``                 evaluated
 the customer spoke max_user_turns     ``user_ended`` /              0 (tau2 scores a conversation cut
 times and the agent answered again    ``max_user_turns (N)``        short by a limit as 0)
 a rollout limit (turns, tokens, time)  that limit's reason           0 (same rule)
-the simulator failed (engine error,   ``user_ended`` /              unscored: ``reward_error`` says why
-empty replies after retries)          ``simulator_failed: ...``     (not the agent's fault)
+the simulator replied blank after    ``user_ended`` /              unscored: ``reward_error`` says why
+its retries                           ``simulator_failed: ...``     (not the agent's fault)
+the simulator's engine failed         ``engine_error`` (the runner  none (retried)
+                                      retries it)
+the simulator failed to open the      ``env_error`` (from reset)    none
+conversation
 ====================================  ============================  ======================================
 """
 
@@ -42,10 +46,11 @@ from agentboost.envs.tau2.package import (
 from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
-from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.errors import AgentBoostError, ConfigError, EngineError
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 MODES = ("simulator", "ticket")
+OPENING_PLACEHOLDER = "(the simulated customer's first message, written when the rollout starts)"
 REWARDS = ("tau2", "toolrl")
 
 TICKET_INSTRUCTION = (
@@ -57,6 +62,10 @@ TICKET_INSTRUCTION = (
 
 class SimulatorFailed(AgentBoostError):
     """The simulated customer could not continue; the rollout carries no signal about the agent."""
+
+
+class SimulatorEngineError(EngineError):
+    """The simulator's engine failed: the rollout ends ``engine_error``, which the runner retries."""
 
 
 def ticket_text(task: Any) -> str:
@@ -138,8 +147,11 @@ class Tau2Environment(Environment):
         prompt: str | list[dict[str, Any]]
         if self.mode == "ticket":
             prompt = ticket_text(tau2_task)
-        else:  # the customer's opening words are generated at reset()
-            prompt = [{"role": "assistant", "content": AGENT_GREETING}]
+        else:  # reset() replaces the placeholder with the simulated customer's own opening words
+            prompt = [
+                {"role": "assistant", "content": AGENT_GREETING},
+                {"role": "user", "content": OPENING_PLACEHOLDER},
+            ]
         return Task(
             id=f"{self.domain.name}-{tau2_id}",
             prompt=prompt,
@@ -196,6 +208,8 @@ class Tau2Environment(Environment):
         )
         reply = await self.simulator().reply(episode.state["scenario"], conversation, seed=seed)
         record["turns"].append(reply.to_dict())
+        if reply.failure is not None and reply.failure.startswith("engine_error"):
+            raise SimulatorEngineError(f"the user simulator's {reply.failure}")
         return reply
 
     # --- the episode ------------------------------------------------------------------------------
