@@ -287,7 +287,7 @@ class Environment:
             trajectory = await run_agent(
                 engine,
                 tokenizer,
-                episode.task.messages,  # reset may open the conversation (e.g. a simulated user's first words)
+                episode.task.messages,  # reset may have opened the conversation (a simulated user)
                 system_prompt=self.system_prompt,
                 tools=tools,
                 hooks=hooks,

@@ -17,8 +17,8 @@ transfer_to_human_agents              ``transfer_to_human_agents``
 ticket mode: the agent ends its turn  ``completed``                 evaluated
 the customer spoke max_user_turns     ``user_ended`` /              0 (tau2 scores a conversation cut
 times and the agent answered again    ``max_user_turns (N)``        short by a limit as 0)
-a rollout limit (turns, tokens, time)  that limit's reason           0 (same rule)
-the simulator replied blank after    ``user_ended`` /              unscored: ``reward_error`` says why
+a rollout limit (turns, tokens, time) that limit's reason           0 (same rule)
+the simulator replied blank after     ``user_ended`` /              unscored: ``reward_error`` says why
 its retries                           ``simulator_failed: ...``     (not the agent's fault)
 the simulator's engine failed         ``engine_error`` (the runner  none (retried)
                                       retries it)
