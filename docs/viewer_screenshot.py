@@ -42,7 +42,8 @@ def main() -> None:
             page.click("#tabs button[data-tab='tokens']")
             page.evaluate(  # scroll the token pane (not the page) to the first generated turn
                 "const box = document.getElementById('tokens');"
-                "const mark = [...box.querySelectorAll('.seg-mark')].find((m) => m.textContent.startsWith('assistant'));"
+                "const mark = [...box.querySelectorAll('.seg-mark')]"
+                ".find((m) => m.textContent.startsWith('assistant'));"
                 "box.scrollTop = mark.offsetTop - box.offsetTop - 120;"
             )
             page.screenshot(path=str(ROOT / "assets" / "viewer-tokens.png"))
