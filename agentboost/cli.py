@@ -143,12 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_cmd_show)
 
     from agentboost.engines.server import register_serve_command
+    from agentboost.eval.cli import register_commands as register_eval_commands
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
     from agentboost.train.cli import register_train_command
 
     register_serve_command(commands)
     register_train_command(commands)
     register_verl_commands(commands)
+    register_eval_commands(commands)
     return parser
 
 

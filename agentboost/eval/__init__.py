@@ -1,0 +1,1 @@
+"""Evaluation: pass@k / pass^k over rollout results, tool-usage statistics, and comparing reports."""

@@ -1,0 +1,212 @@
+"""``agentboost eval``, ``stats``, ``view`` and ``export``: :func:`register_commands` adds them to the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+from agentboost.engines.models import DEFAULT_MODEL
+
+
+def _default_out(args: argparse.Namespace) -> Path:
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(args.model.rstrip("/")).name or args.model).strip("-")
+    environment = re.sub(r"[^A-Za-z0-9._-]+", "-", args.env).strip("-")
+    return Path("runs/eval") / f"{environment}-{model}-{args.split}.jsonl"
+
+
+async def _evaluate(args: argparse.Namespace) -> int:
+    from agentboost.agent.provider import RolloutLimits
+    from agentboost.engines.base import SamplingParams
+    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.envs.registry import make_environment, parse_json_object
+    from agentboost.eval.evaluate import evaluate, summary_text, write_report
+
+    kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
+    environment = make_environment(args.env, kwargs)
+    defaults = environment.limits
+    limits = RolloutLimits(
+        max_turns=args.max_turns or defaults.max_turns,
+        max_tool_calls=args.max_tool_calls or defaults.max_tool_calls,
+        max_total_tokens=args.max_total_tokens or defaults.max_total_tokens,
+        max_response_tokens=defaults.max_response_tokens,
+        max_new_tokens=args.max_new_tokens or defaults.max_new_tokens,
+        timeout_s=args.timeout or defaults.timeout_s,
+    )
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    out = Path(args.out) if args.out else _default_out(args)
+    report_path = Path(args.report) if args.report else out.with_suffix(".json")
+    tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
+    tokenizer = load_tokenizer(args.model)
+    engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+    meta = {
+        "environment": args.env,
+        "environment_kwargs": kwargs,
+        "split": args.split,
+        "model": args.model,
+        "engine": args.engine,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+    }
+    try:
+        report, summary = await evaluate(
+            environment,
+            engine,
+            tokenizer,
+            tasks,
+            out=out,
+            samples=args.samples,
+            sampling=sampling,
+            limits=limits,
+            concurrency=args.concurrency,
+            retries=args.retries,
+            seed=args.seed,
+            fresh=args.fresh,
+            progress=not args.quiet,
+            threshold=args.threshold,
+            meta=meta,
+        )
+    finally:
+        await engine.aclose()
+    write_report(report, report_path)
+    print(summary_text(report))
+    print(f"({summary.skipped} rollouts resumed from {out}) report -> {report_path}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.compare:
+        from agentboost.eval.evaluate import compare_text, load_report
+
+        first, second = (load_report(path) for path in args.compare)
+        print(compare_text(first, second, (Path(args.compare[0]).stem, Path(args.compare[1]).stem)))
+        return 0
+    return asyncio.run(_evaluate(args))
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from agentboost.eval.stats import tool_usage_stats
+    from agentboost.rollout.results import read_results
+
+    groups = []
+    for position, path in enumerate(args.results):
+        groups.append((path, list(read_results(path)), position))
+    stats = tool_usage_stats(
+        (result for _, results, _ in groups for result in results),
+        threshold=args.threshold,
+        test_tool=args.test_tool,
+    )
+    prefix = Path(args.out) if args.out else Path(args.results[0]).with_suffix(".stats")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    markdown = stats.to_markdown()
+    Path(f"{prefix}.md").write_text(markdown, encoding="utf-8")
+    Path(f"{prefix}.json").write_text(stats.to_json() + "\n", encoding="utf-8")
+    print(markdown)
+    print(f"-> {prefix}.md, {prefix}.json", file=sys.stderr)
+    if args.plot:
+        from agentboost.eval.plots import plot_results, step_of
+
+        pngs = plot_results(
+            [(step_of(path, position), results) for path, results, position in groups], args.plot
+        )
+        print("plots -> " + ", ".join(str(png) for png in pngs), file=sys.stderr)
+    return 0
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from agentboost.view.html import write_report
+
+    out = args.out or str(Path(args.results[0]).with_suffix(".html"))
+    count = write_report(
+        args.results, out, tokenizer=args.tokenizer, threshold=args.threshold, title=args.title
+    )
+    print(f"{count} rollouts -> {out}")
+    return 0
+
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a model on an environment: pass@k, pass^k, rewards, tools, tokens, latency",
+        description=(
+            "Runs tasks x samples rollouts through the resumable runner (RESULTS.jsonl), then writes a "
+            "JSON report and prints a summary. --compare A.json B.json prints the difference per metric."
+        ),
+    )
+    evaluate.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two reports")
+    evaluate.add_argument("--env", default="arithmetic", help="environment name or module:Class")
+    evaluate.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
+    evaluate.add_argument("--split", default="test", help="task split (default: test)")
+    evaluate.add_argument("-n", "--n", type=int, default=None, help="number of tasks (default: all)")
+    evaluate.add_argument("--samples", type=int, default=1, help="samples per task; pass@k for k <= this")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
+    evaluate.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
+    evaluate.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
+    evaluate.add_argument(
+        "--out", default=None, help="results JSONL, resumed (default: runs/eval/ENV-MODEL-SPLIT.jsonl)"
+    )
+    evaluate.add_argument("--report", default=None, help="report JSON (default: --out with .json)")
+    evaluate.add_argument("--fresh", action="store_true", help="start over instead of resuming --out")
+    evaluate.add_argument("--concurrency", type=int, default=16, help="rollouts in flight at once")
+    evaluate.add_argument("--retries", type=int, default=2, help="extra attempts after an engine error")
+    evaluate.add_argument("--temperature", type=float, default=0.7, help="0 for greedy")
+    evaluate.add_argument("--top-p", type=float, default=1.0)
+    evaluate.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    evaluate.add_argument("--max-turns", type=int, default=None)
+    evaluate.add_argument("--max-tool-calls", type=int, default=None)
+    evaluate.add_argument("--max-total-tokens", type=int, default=None)
+    evaluate.add_argument("--max-new-tokens", type=int, default=None, help="per turn")
+    evaluate.add_argument("--timeout", type=float, default=None, help="seconds per rollout")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    evaluate.set_defaults(func=_cmd_eval)
+
+
+def _add_stats(commands: argparse._SubParsersAction) -> None:
+    stats = commands.add_parser(
+        "stats",
+        help="tool-usage statistics of results files (Markdown + JSON tables; --plot for PNGs)",
+        description=(
+            "Tables: terminations, tool calls and statuses, calls per rollout, parse errors, and for "
+            "coding environments submissions/testing, test-tool statuses and first failures. Several "
+            "files (e.g. a training run's rollouts/step_*.jsonl) are pooled; --plot draws reward by step."
+        ),
+    )
+    stats.add_argument("results", nargs="+", help="results JSONL file(s)")
+    stats.add_argument("-o", "--out", default=None, help="output prefix: writes PREFIX.md and PREFIX.json")
+    stats.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    stats.add_argument(
+        "--test-tool", default=None, help="coding: the test tool (default: tools recording a status)"
+    )
+    stats.add_argument("--plot", default=None, metavar="DIR", help="also write PNG plots into DIR")
+    stats.set_defaults(func=_cmd_stats)
+
+
+def _add_view(commands: argparse._SubParsersAction) -> None:
+    view = commands.add_parser(
+        "view",
+        help="write a self-contained HTML report of results: list, conversations, tokens, statistics",
+    )
+    view.add_argument("results", nargs="+", help="results JSONL file(s)")
+    view.add_argument("-o", "--out", default=None, help="HTML file (default: RESULTS.html)")
+    view.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model id or directory whose tokenizer shows token text (default: the results' model, else ids)",
+    )
+    view.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    view.add_argument("--title", default=None, help="page title")
+    view.set_defaults(func=_cmd_view)
+
+
+def register_commands(commands: argparse._SubParsersAction) -> None:
+    """Add ``eval``, ``stats``, ``view`` and ``export`` to the ``agentboost`` command's subparsers."""
+    from agentboost.export.cli import register_export_command
+
+    _add_eval(commands)
+    _add_stats(commands)
+    _add_view(commands)
+    register_export_command(commands)

@@ -1,0 +1,230 @@
+"""Evaluate an engine on an environment: rollouts through the resumable runner, then a JSON report.
+
+The report (``format: agentboost.eval``, ``version: 1``) holds pass@k and pass^k for every k up to
+the samples per task, mean reward and success rate over *scored* rollouts (a rollout whose reward
+could not be computed is counted as unscored, never as wrong), termination counts, per-tool calls,
+errors and statuses, parse errors, tokens and latency, and the statistics tables. ``compare``
+lines two reports up metric by metric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentboost.agent.provider import RolloutLimits
+from agentboost.engines.base import Engine, SamplingParams
+from agentboost.envs.base import Environment, RolloutResult
+from agentboost.errors import ConfigError
+from agentboost.eval.passk import pass_table, task_counts
+from agentboost.eval.stats import tool_usage_stats
+from agentboost.rollout.results import ResultStore, read_results
+from agentboost.rollout.runner import RunConfig, RunSummary, in_process, plan_jobs, run_jobs
+
+REPORT_FORMAT = "agentboost.eval"
+REPORT_VERSION = 1
+
+
+def build_report(
+    results: Iterable[RolloutResult],
+    *,
+    samples: int | None = None,
+    threshold: float = 1.0,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The evaluation report of finished results (``samples``: per task; default the most any task has)."""
+    results = list(results)
+    counts = task_counts(((r.task_id, r.reward) for r in results), threshold)
+    per_task = {}
+    for result in results:
+        per_task[result.task_id] = per_task.get(result.task_id, 0) + 1
+    samples = samples or max(per_task.values(), default=0)
+    table = pass_table(counts, samples)
+    stats = tool_usage_stats(results, threshold=threshold)
+    summary = stats.summary
+    tools = {
+        row[0]: {
+            "calls": row[1],
+            "errors": row[2],
+            "error_rate": row[3],
+            "rollouts": row[4],
+            "latency_s": row[5],
+        }
+        for row in stats.table("tools").rows
+    }
+    for tool, status, count, _share in stats.table("tool_status").rows:
+        tools[tool].setdefault("statuses", {})[status] = count
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        **dict(meta or {}),
+        "samples": samples,
+        "threshold": threshold,
+        "tasks": len(counts),
+        "rollouts": len(results),
+        "scored": summary["scored"],
+        "unscored": summary["unscored"],
+        "mean_reward": summary["mean_reward"],
+        "success_rate": summary["success_rate"],
+        "pass@k": {str(k): value for k, value in table["pass@k"].items()},
+        "pass^k": {str(k): value for k, value in table["pass^k"].items()},
+        "tasks_per_k": {str(k): value for k, value in table["tasks"].items()},
+        "terminations": summary["terminations"],
+        "tools": tools,
+        "parse_errors": summary["parse_errors_total"],
+        "rollouts_with_parse_errors": summary["rollouts_with_parse_errors"],
+        "turns_mean": summary["turns_mean"],
+        "tool_calls_mean": summary["tool_calls_mean"],
+        "tokens": {
+            "generated_total": summary["generated_tokens_total"],
+            "generated_mean": summary["generated_tokens_mean"],
+            "prompt_mean": summary["prompt_tokens_mean"],
+            "total_mean": summary["total_tokens_mean"],
+        },
+        "latency_s": {
+            "mean": summary["latency_s_mean"],
+            "p50": summary["latency_s_p50"],
+            "p90": summary["latency_s_p90"],
+        },
+        "stats": stats.to_dict(),
+    }
+
+
+async def evaluate(
+    environment: Environment,
+    engine: Engine,
+    tokenizer: Any,
+    tasks: Sequence[Any],
+    *,
+    out: str | os.PathLike[str],
+    samples: int = 1,
+    sampling: SamplingParams | None = None,
+    limits: RolloutLimits | None = None,
+    concurrency: int = 16,
+    retries: int = 2,
+    seed: int = 0,
+    fresh: bool = False,
+    progress: bool = True,
+    threshold: float = 1.0,
+    meta: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], RunSummary]:
+    """Run ``tasks x samples`` rollouts (resuming ``out``) and report on exactly those rollouts."""
+    if samples < 1:
+        raise ConfigError(f"--samples must be at least 1, got {samples}")
+    config = RunConfig(
+        samples=samples, concurrency=concurrency, retries=retries, seed=seed, progress=progress
+    )
+    jobs = plan_jobs(environment, tasks, config)
+    with ResultStore(out, resume=not fresh) as store:
+        execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
+        summary = await run_jobs(jobs, execute, store, config)
+    planned = {(job.task_id, job.sample) for job in jobs}
+    results = [r for r in read_results(out) if (r.task_id, r.sample) in planned]
+    report = build_report(results, samples=samples, threshold=threshold, meta=meta)
+    report["results"] = str(out)
+    return report, summary
+
+
+def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return target
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read the evaluation report {path}: {error}") from error
+    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
+        raise ConfigError(
+            f"{path} is not an agentboost eval report (write one with agentboost eval --report)"
+        )
+    return report
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def summary_text(report: Mapping[str, Any]) -> str:
+    """A one-screen summary of a report."""
+    head = " ".join(
+        str(report[key]) for key in ("environment", "split", "model", "engine") if report.get(key) is not None
+    )
+    lines = [
+        f"{head}: {report['tasks']} tasks x {report['samples']} samples = {report['rollouts']} rollouts "
+        f"({report['scored']} scored, {report['unscored']} unscored); "
+        f"success = reward >= {report['threshold']:g}",
+        f"mean reward {_number(report['mean_reward'])} | success rate {_number(report['success_rate'])}",
+        "pass@k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass@k"].items()),
+        "pass^k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass^k"].items()),
+        "endings " + ", ".join(f"{reason} {count}" for reason, count in report["terminations"].items()),
+        f"turns {_number(report['turns_mean'])} | tool calls {_number(report['tool_calls_mean'])} per rollout"
+        f" | parse errors {report['parse_errors']} in {report['rollouts_with_parse_errors']} rollouts",
+    ]
+    for name, tool in report["tools"].items():
+        statuses = ", ".join(f"{status} {count}" for status, count in tool.get("statuses", {}).items())
+        lines.append(f"  tool {name}: {tool['calls']} calls, {tool['errors']} errors ({statuses})")
+    tokens, latency = report["tokens"], report["latency_s"]
+    lines.append(
+        f"tokens per rollout: generated {_number(tokens['generated_mean'])}, "
+        f"total {_number(tokens['total_mean'])} | latency mean {_number(latency['mean'])} s, "
+        f"p50 {_number(latency['p50'])} s, p90 {_number(latency['p90'])} s"
+    )
+    return "\n".join(lines)
+
+
+def compare_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(metric, value in A, value in B) for every metric either report has, in a stable order."""
+
+    def flat(report: Mapping[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "rollouts": report.get("rollouts"),
+            "scored": report.get("scored"),
+            "unscored": report.get("unscored"),
+            "mean reward": report.get("mean_reward"),
+            "success rate": report.get("success_rate"),
+        }
+        for family in ("pass@", "pass^"):
+            for k, value in report.get(family + "k", {}).items():
+                values[family + k] = value
+        rollouts = report.get("rollouts") or 0
+        for reason, count in report.get("terminations", {}).items():
+            values[f"termination {reason} (share)"] = count / rollouts if rollouts else None
+        values["turns per rollout"] = report.get("turns_mean")
+        values["tool calls per rollout"] = report.get("tool_calls_mean")
+        values["parse errors per rollout"] = (
+            (report.get("parse_errors") or 0) / rollouts if rollouts else None
+        )
+        for name, tool in report.get("tools", {}).items():
+            values[f"tool {name}: calls per rollout"] = tool["calls"] / rollouts if rollouts else None
+            values[f"tool {name}: error rate"] = tool.get("error_rate")
+        values["generated tokens per rollout"] = report.get("tokens", {}).get("generated_mean")
+        values["latency mean (s)"] = report.get("latency_s", {}).get("mean")
+        return values
+
+    left, right = flat(a), flat(b)
+    names = list(left) + [name for name in right if name not in left]
+    return [(name, left.get(name), right.get(name)) for name in names]
+
+
+def compare_text(a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[str, str] = ("A", "B")) -> str:
+    """A Markdown table: metric, A, B, B - A."""
+    lines = [
+        f"| metric | {labels[0]} | {labels[1]} | {labels[1]} - {labels[0]} |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, left, right in compare_metrics(a, b):
+        numeric = isinstance(left, int | float) and isinstance(right, int | float)
+        delta = f"{right - left:+.3f}" if numeric else "n/a"
+        lines.append(f"| {name} | {_number(left)} | {_number(right)} | {delta} |")
+    return "\n".join(lines)

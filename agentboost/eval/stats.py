@@ -1,0 +1,413 @@
+"""Tool-usage statistics over rollout results, for any environment, with a section for coding agents.
+
+Every number comes from recorded fields, never from the text: ``termination``, ``metrics``, assistant
+``tool_calls``, tool results' ``name`` / ``error`` / ``metadata.status`` (what the tool itself
+recorded, e.g. a test run's ``passed`` or ``wrong_output``), segments' ``parse_errors``, and for
+coding the reward breakdown (``submitted``, ``tested_before_submit``, ``tests_passed``,
+``tests_total``) and ``reward_info["first_failure_status"]``. Table meanings: docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentboost.envs.base import RolloutResult
+
+CALL_BUCKETS = ("0", "1", "2", "3", "4", "5-9", "10+")
+NO_SUBMISSION = "no submission"
+UNTESTED = "submitted without testing"
+TESTED = "submitted after testing"
+
+
+@dataclass
+class Table:
+    """One table: a stable ``name`` (the JSON key), a title, column names and rows."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"title": self.title, "columns": self.columns, "rows": self.rows}
+        if self.note:
+            data["note"] = self.note
+        return data
+
+    def to_markdown(self) -> str:
+        lines = [f"### {self.title}", ""]
+        if self.note:
+            lines += [self.note, ""]
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("| " + " | ".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + " |")
+        for row in self.rows:
+            lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
+        if not self.rows:
+            lines.append("| (none) |" + " |" * (len(self.columns) - 1))
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+@dataclass
+class Stats:
+    """The summary numbers and the tables (what ``agentboost stats`` prints and writes)."""
+
+    summary: dict[str, Any]
+    tables: list[Table] = field(default_factory=list)
+
+    def table(self, name: str) -> Table:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary, "tables": {table.name: table.to_dict() for table in self.tables}}
+
+    def to_markdown(self) -> str:
+        summary = self.summary
+        head = (
+            f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored, "
+            f"{summary['unscored']} unscored; mean reward {_cell(summary['mean_reward'])}, "
+            f"success rate {_cell(summary['success_rate'])} (reward >= {summary['threshold']:g})"
+        )
+        parts = ["## Rollout statistics", "", head]
+        coding = False
+        for table in self.tables:
+            if table.name.startswith("coding_") and not coding:
+                parts += ["", "## Coding"]
+                coding = True
+            parts += ["", table.to_markdown()]
+        return "\n".join(parts) + "\n"
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+
+
+def _bucket(count: int) -> str:
+    if count < 5:
+        return str(count)
+    return "5-9" if count < 10 else "10+"
+
+
+def _ranked(counter: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Most frequent first; ties in name order (so tables do not depend on file order)."""
+    return sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def reward_info(result: RolloutResult) -> Mapping[str, Any]:
+    """Non-numeric reward facts (e.g. a coding reward's first failure status), when recorded."""
+    return getattr(result, "reward_info", None) or {}
+
+
+def tool_results(result: RolloutResult) -> list[dict[str, Any]]:
+    """Every tool result of a rollout, as (name, status, error, latency) facts.
+
+    ``status`` is what the tool recorded in ``metadata["status"]``, else ``error`` / ``ok`` from
+    the result's error flag. Results of tool calls that could not be parsed have ``name`` None.
+    """
+    facts = []
+    for message in result.trajectory.messages:
+        if message.get("role") != "tool":
+            continue
+        metadata = message.get("metadata") or {}
+        error = bool(message.get("error"))
+        status = metadata.get("status") if isinstance(metadata, Mapping) else None
+        latency = None
+        if isinstance(metadata, Mapping):
+            for key in ("duration_s", "latency_s"):
+                if isinstance(metadata.get(key), int | float):
+                    latency = float(metadata[key])
+                    break
+        facts.append(
+            {
+                "name": message.get("name"),
+                "status": str(status) if status is not None else ("error" if error else "ok"),
+                "recorded_status": status is not None,
+                "error": error,
+                "latency_s": latency,
+            }
+        )
+    return facts
+
+
+def _group_rows(
+    groups: Mapping[str, list[RolloutResult]], order: Sequence[str], total: int, threshold: float
+) -> list[list[Any]]:
+    rows = []
+    for key in order:
+        members = groups.get(key, [])
+        rewards = [r.reward for r in members if r.reward is not None]
+        rows.append(
+            [
+                key,
+                len(members),
+                _share(len(members), total),
+                _mean(rewards),
+                _share(sum(reward >= threshold for reward in rewards), len(rewards)),
+            ]
+        )
+    return rows
+
+
+GROUP_COLUMNS = ["", "rollouts", "share", "mean reward", "success rate"]
+
+
+def tool_usage_stats(
+    results: Iterable[RolloutResult], *, threshold: float = 1.0, test_tool: str | None = None
+) -> Stats:
+    """Compute the summary and tables over ``results`` (see the module docstring for the sources).
+
+    ``threshold``: a scored rollout succeeds when its reward is at least this. ``test_tool``: the
+    coding section's test tool; by default every tool whose results record a ``metadata.status``.
+    """
+    results = list(results)
+    total = len(results)
+    scored = [r for r in results if r.reward is not None]
+    rewards = [r.reward for r in scored if r.reward is not None]
+    metrics = [r.trajectory.metrics for r in results]
+    latencies = [float(m["latency_s"]) for m in metrics if isinstance(m.get("latency_s"), int | float)]
+    parse_kinds: Counter[str] = Counter()
+    parse_rollouts: Counter[str] = Counter()
+    for result in results:
+        kinds = [kind for segment in result.trajectory.segments for kind in segment.parse_errors]
+        parse_kinds.update(kinds)
+        parse_rollouts.update(set(kinds))
+    parse_total = sum(int(m.get("parse_errors") or 0) for m in metrics)
+    summary: dict[str, Any] = {
+        "rollouts": total,
+        "tasks": len({r.task_id for r in results}),
+        "scored": len(scored),
+        "unscored": total - len(scored),
+        "threshold": threshold,
+        "mean_reward": _mean(rewards),
+        "success_rate": _share(sum(reward >= threshold for reward in rewards), len(rewards)),
+        "turns_mean": _mean([float(m.get("turns") or 0) for m in metrics]),
+        "tool_calls_mean": _mean([float(m.get("tool_calls") or 0) for m in metrics]),
+        "tool_calls_total": sum(int(m.get("tool_calls") or 0) for m in metrics),
+        "parse_errors_total": parse_total,
+        "rollouts_with_parse_errors": sum(1 for m in metrics if int(m.get("parse_errors") or 0)),
+        "generated_tokens_total": sum(r.trajectory.generated_tokens for r in results),
+        "generated_tokens_mean": _mean([float(r.trajectory.generated_tokens) for r in results]),
+        "prompt_tokens_mean": _mean([float(m.get("prompt_tokens") or 0) for m in metrics]),
+        "total_tokens_mean": _mean([float(len(r.trajectory.token_ids)) for r in results]),
+        "latency_s_mean": _mean(latencies),
+        "latency_s_p50": _quantile(latencies, 0.5),
+        "latency_s_p90": _quantile(latencies, 0.9),
+        "terminations": dict(Counter(r.termination.value for r in results).most_common()),
+    }
+    tables = []
+
+    by_ending: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in results:
+        by_ending[result.termination.value].append(result)
+    endings = sorted(by_ending, key=lambda reason: (-len(by_ending[reason]), reason))
+    tables.append(
+        Table(
+            "terminations",
+            "Termination reasons",
+            ["reason", *GROUP_COLUMNS[1:]],
+            _group_rows(by_ending, endings, total, threshold),
+        )
+    )
+
+    per_tool: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"calls": 0, "errors": 0, "rollouts": 0, "latency": [], "statuses": Counter()}
+    )
+    status_tools: set[str] = set()
+    for result in results:
+        used = set()
+        for fact in tool_results(result):
+            if fact["name"] is None:
+                continue  # a call that could not be parsed: counted under parse errors
+            entry = per_tool[fact["name"]]
+            entry["calls"] += 1
+            entry["errors"] += fact["error"]
+            entry["statuses"][fact["status"]] += 1
+            if fact["latency_s"] is not None:
+                entry["latency"].append(fact["latency_s"])
+            if fact["recorded_status"]:
+                status_tools.add(fact["name"])
+            used.add(fact["name"])
+        for name in used:
+            per_tool[name]["rollouts"] += 1
+    names = sorted(per_tool, key=lambda name: (-per_tool[name]["calls"], name))
+    tables.append(
+        Table(
+            "tools",
+            "Tool calls",
+            ["tool", "calls", "errors", "error rate", "rollouts using it", "mean latency (s)"],
+            [
+                [
+                    name,
+                    per_tool[name]["calls"],
+                    per_tool[name]["errors"],
+                    _share(per_tool[name]["errors"], per_tool[name]["calls"]),
+                    per_tool[name]["rollouts"],
+                    _mean(per_tool[name]["latency"]),
+                ]
+                for name in names
+            ],
+            note="Results of calls that could not be parsed are counted under parse errors, not here.",
+        )
+    )
+    tables.append(
+        Table(
+            "tool_status",
+            "Tool results by status",
+            ["tool", "status", "calls", "share of the tool's calls"],
+            [
+                [name, status, count, _share(count, per_tool[name]["calls"])]
+                for name in names
+                for status, count in sorted(
+                    per_tool[name]["statuses"].items(), key=lambda kv: (-kv[1], kv[0])
+                )
+            ],
+            note="status: the tool's metadata.status, else ok / error from the result's error flag.",
+        )
+    )
+
+    by_calls: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in results:
+        by_calls[_bucket(int(result.trajectory.metrics.get("tool_calls") or 0))].append(result)
+    tables.append(
+        Table(
+            "calls_per_rollout",
+            "Tool calls per rollout",
+            ["tool calls", *GROUP_COLUMNS[1:]],
+            _group_rows(by_calls, CALL_BUCKETS, total, threshold),
+        )
+    )
+    tables.append(
+        Table(
+            "parse_errors",
+            "Parse errors (malformed tool calls and turns)",
+            ["kind", "occurrences", "rollouts"],
+            [[kind, count, parse_rollouts[kind]] for kind, count in _ranked(parse_kinds)],
+            note=(
+                f"{parse_total} parse errors in {summary['rollouts_with_parse_errors']} of {total} rollouts."
+            ),
+        )
+    )
+
+    if any("submitted" in r.reward_breakdown for r in results):
+        tables += _coding_tables(results, threshold, test_tool or status_tools, summary)
+    return Stats(summary, tables)
+
+
+def _coding_tables(
+    results: list[RolloutResult], threshold: float, test_tools: str | set[str], summary: dict[str, Any]
+) -> list[Table]:
+    test_names = {test_tools} if isinstance(test_tools, str) else set(test_tools)
+    coding = [r for r in results if "submitted" in r.reward_breakdown]
+    total = len(coding)
+    groups: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in coding:
+        breakdown = result.reward_breakdown
+        if not breakdown.get("submitted"):
+            groups[NO_SUBMISSION].append(result)
+        elif breakdown.get("tested_before_submit"):
+            groups[TESTED].append(result)
+        else:
+            groups[UNTESTED].append(result)
+    summary["coding"] = {
+        "rollouts": total,
+        "no_submission": len(groups[NO_SUBMISSION]),
+        "submitted_without_testing": len(groups[UNTESTED]),
+        "submitted_after_testing": len(groups[TESTED]),
+        "test_tools": sorted(test_names),
+    }
+    tables = [
+        Table(
+            "coding_submissions",
+            "Submissions and testing (reward by category)",
+            ["category", *GROUP_COLUMNS[1:]],
+            _group_rows(groups, (NO_SUBMISSION, UNTESTED, TESTED), total, threshold),
+            note=(
+                f"{total} rollouts with a coding reward breakdown"
+                + (f" of {len(results)}" if total != len(results) else "")
+                + "."
+            ),
+        )
+    ]
+    statuses: Counter[str] = Counter()
+    per_rollout: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in coding:
+        calls = [fact for fact in tool_results(result) if fact["name"] in test_names]
+        statuses.update(fact["status"] for fact in calls)
+        per_rollout[_bucket(len(calls))].append(result)
+    calls_total = sum(statuses.values())
+    tables.append(
+        Table(
+            "coding_test_calls",
+            "Test-tool calls by status",
+            ["status", "calls", "share"],
+            [[status, count, _share(count, calls_total)] for status, count in _ranked(statuses)],
+            note=f"test tool(s): {', '.join(sorted(test_names)) or 'none found'}; {calls_total} calls.",
+        )
+    )
+    tables.append(
+        Table(
+            "coding_test_calls_per_rollout",
+            "Test-tool calls per rollout",
+            ["test calls", *GROUP_COLUMNS[1:]],
+            _group_rows(per_rollout, CALL_BUCKETS, total, threshold),
+        )
+    )
+    first_failures = Counter(
+        str(reward_info(r).get("first_failure_status") or "none (all passed)")
+        for r in coding
+        if r.reward_breakdown.get("submitted")
+    )
+    passed = [
+        r.reward_breakdown.get("tests_passed", 0.0) for r in coding if r.reward_breakdown.get("submitted")
+    ]
+    totals = [
+        r.reward_breakdown.get("tests_total", 0.0) for r in coding if r.reward_breakdown.get("submitted")
+    ]
+    tables.append(
+        Table(
+            "coding_first_failure",
+            "Hidden tests: status of the first failure (submitted rollouts)",
+            ["first failure", "rollouts", "share"],
+            [
+                [status, count, _share(count, sum(first_failures.values()))]
+                for status, count in _ranked(first_failures)
+            ],
+            note=(
+                f"hidden tests passed: {sum(passed):g} of {sum(totals):g}"
+                + (f" ({sum(passed) / sum(totals):.1%})" if sum(totals) else "")
+            ),
+        )
+    )
+    return tables

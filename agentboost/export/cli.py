@@ -1,0 +1,91 @@
+"""``agentboost export``: results JSONL to the chat form, an SFT dataset, parquet or a ``datasets`` dir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from agentboost.errors import ConfigError
+
+FORMATS = ("chat", "sft", "parquet", "hf")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from agentboost.envs.registry import parse_json_object
+    from agentboost.export.formats import (
+        ExportFilter,
+        ToolSchemas,
+        write_chat,
+        write_hf_dataset,
+        write_parquet,
+        write_sft,
+    )
+    from agentboost.rollout.results import read_results
+
+    sft = args.format == "sft"
+    keep = ExportFilter(
+        min_reward=args.min_reward,
+        max_reward=args.max_reward,
+        terminations=frozenset(args.termination) if args.termination else None,
+        scored_only=args.scored_only or sft,
+        skip_failed=not args.keep_failed if sft else args.skip_failed,
+        skip_parse_errors=sft and not args.keep_parse_errors,
+    )
+    results = read_results(args.results)
+    if args.format == "chat":
+        count = write_chat(results, args.out, keep)
+    elif sft:
+        explicit = None
+        if args.tools:
+            try:
+                explicit = json.loads(Path(args.tools).read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as error:
+                raise ConfigError(
+                    f"--tools {args.tools}: cannot read a JSON list of schemas ({error})"
+                ) from error
+            if not isinstance(explicit, list):
+                raise ConfigError(f"--tools {args.tools} must hold a JSON list of OpenAI function schemas")
+        kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
+        count = write_sft(
+            results, args.out, ToolSchemas(explicit, args.env, kwargs), keep, reasoning=not args.no_reasoning
+        )
+    elif args.format == "parquet":
+        count = write_parquet(results, args.out, keep)
+    else:
+        count = write_hf_dataset(results, args.out, keep)
+    print(f"{count} rollouts -> {args.out} ({args.format})")
+    return 0
+
+
+def register_export_command(commands: argparse._SubParsersAction) -> None:
+    """Add ``export`` to the ``agentboost`` command's subparsers."""
+    export = commands.add_parser(
+        "export",
+        help="write results as the chat form, an SFT dataset, parquet or a Hugging Face datasets directory",
+        description=(
+            "chat: one JSON line per rollout ({task_id, reward, termination, messages}); a .json path "
+            "writes one indented list. sft: {messages, tools} per rollout (TRL's format); scored, "
+            "non-failed rollouts without malformed tool calls only. parquet / hf: token ids, loss mask, "
+            "logprobs and segments per rollout."
+        ),
+    )
+    export.add_argument("results", help="results JSONL written by agentboost rollout / eval")
+    export.add_argument("-o", "--out", required=True, help="output file (a directory for --format hf)")
+    export.add_argument("--format", choices=FORMATS, default="chat", help="default: chat")
+    export.add_argument("--min-reward", type=float, default=None, help="keep rollouts with reward >= this")
+    export.add_argument("--max-reward", type=float, default=None, help="keep rollouts with reward <= this")
+    export.add_argument(
+        "--termination", action="append", help="keep only this termination reason (repeatable)"
+    )
+    export.add_argument("--scored-only", action="store_true", help="drop rollouts whose reward failed")
+    export.add_argument("--skip-failed", action="store_true", help="drop engine/template/agent failures")
+    export.add_argument("--keep-failed", action="store_true", help="sft: keep failed rollouts too")
+    export.add_argument(
+        "--keep-parse-errors", action="store_true", help="sft: keep rollouts with malformed tool calls"
+    )
+    export.add_argument("--no-reasoning", action="store_true", help="sft: drop reasoning_content")
+    export.add_argument("--env", default=None, help="sft: environment whose tool schemas to list")
+    export.add_argument("--env-kwargs", default=None, help="sft: JSON keyword arguments for --env")
+    export.add_argument("--tools", default=None, help="sft: a JSON file with the OpenAI function schemas")
+    export.set_defaults(func=_cmd_export)

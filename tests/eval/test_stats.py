@@ -1,0 +1,134 @@
+"""Statistics tables equal hand counts on a hand-built fixture; `agentboost stats` writes them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from results_support import coding_fixture, scripted_results
+
+from agentboost.cli import main
+from agentboost.eval.stats import tool_usage_stats
+from agentboost.rollout.results import ResultStore
+
+
+def rows(stats, name):
+    return stats.table(name).rows
+
+
+def test_generic_tables_equal_hand_counts():
+    stats = tool_usage_stats(coding_fixture())
+    summary = stats.summary
+    assert (summary["rollouts"], summary["tasks"], summary["scored"], summary["unscored"]) == (6, 3, 5, 1)
+    assert summary["mean_reward"] == pytest.approx(0.4)
+    assert summary["success_rate"] == pytest.approx(0.4)
+    assert summary["parse_errors_total"] == 3 and summary["rollouts_with_parse_errors"] == 2
+    assert summary["tool_calls_total"] == 8
+    assert rows(stats, "terminations") == [
+        ["completed", 4, 4 / 6, 0.5, 0.5],
+        ["engine_error", 1, 1 / 6, None, None],  # unscored: no reward, not a zero
+        ["max_turns", 1, 1 / 6, 0.0, 0.0],
+    ]
+    assert rows(stats, "tools") == [
+        ["run_tests", 6, 1, 1 / 6, 3, 1.0],
+        ["read_file", 2, 1, 0.5, 2, None],
+    ]
+    assert rows(stats, "tool_status") == [
+        ["run_tests", "passed", 2, 2 / 6],
+        ["run_tests", "compile_error", 1, 1 / 6],
+        ["run_tests", "runtime_error", 1, 1 / 6],
+        ["run_tests", "timeout", 1, 1 / 6],
+        ["run_tests", "wrong_output", 1, 1 / 6],
+        ["read_file", "error", 1, 0.5],
+        ["read_file", "ok", 1, 0.5],
+    ]
+    assert rows(stats, "calls_per_rollout") == [
+        ["0", 2, 2 / 6, 0.0, 0.0],
+        ["1", 2, 2 / 6, 0.0, 0.0],
+        ["2", 1, 1 / 6, 1.0, 1.0],
+        ["3", 0, 0.0, None, None],
+        ["4", 1, 1 / 6, 1.0, 1.0],
+        ["5-9", 0, 0.0, None, None],
+        ["10+", 0, 0.0, None, None],
+    ]
+    assert rows(stats, "parse_errors") == [["bad_json", 2, 2], ["unknown_tool", 1, 1]]
+
+
+def test_coding_tables_equal_hand_counts():
+    stats = tool_usage_stats(coding_fixture())
+    assert rows(stats, "coding_submissions") == [
+        ["no submission", 1, 0.2, 0.0, 0.0],
+        ["submitted without testing", 2, 0.4, 0.0, 0.0],
+        ["submitted after testing", 2, 0.4, 1.0, 1.0],
+    ]
+    assert stats.summary["coding"]["test_tools"] == ["run_tests"]  # the tool that records a status
+    assert rows(stats, "coding_test_calls") == [
+        ["passed", 2, 2 / 6],
+        ["compile_error", 1, 1 / 6],
+        ["runtime_error", 1, 1 / 6],
+        ["timeout", 1, 1 / 6],
+        ["wrong_output", 1, 1 / 6],
+    ]
+    assert rows(stats, "coding_test_calls_per_rollout")[:4] == [
+        ["0", 2, 0.4, 0.0, 0.0],
+        ["1", 1, 0.2, 0.0, 0.0],
+        ["2", 1, 0.2, 1.0, 1.0],
+        ["3", 1, 0.2, 1.0, 1.0],
+    ]
+    assert rows(stats, "coding_first_failure") == [
+        ["none (all passed)", 2, 0.5],
+        ["runtime_error", 1, 0.25],
+        ["wrong_output", 1, 0.25],
+    ]
+    assert stats.table("coding_first_failure").note == "hidden tests passed: 10 of 17 (58.8%)"
+    # an explicit test tool overrides the guess
+    assert tool_usage_stats(coding_fixture(), test_tool="read_file").table("coding_test_calls").rows == [
+        ["error", 1, 0.5],
+        ["ok", 1, 0.5],
+    ]
+
+
+def test_environments_without_coding_fields_get_no_coding_section(qwen_tokenizer, tmp_path):
+    path = scripted_results(qwen_tokenizer, tmp_path / "r.jsonl")
+    from agentboost.rollout.results import read_results
+
+    stats = tool_usage_stats(read_results(path))
+    assert not any(table.name.startswith("coding") for table in stats.tables)
+    # real rollouts: 2 adds and 2 multiplies ran; two malformed calls became parse errors
+    assert rows(stats, "tools") == [["add", 2, 0, 0.0, 2, None], ["multiply", 2, 0, 0.0, 2, None]]
+    assert rows(stats, "parse_errors") == [["invalid_json", 1, 1], ["unknown_tool", 1, 1]]
+    assert stats.summary["unscored"] == 1 and stats.summary["scored"] == 5
+
+
+def test_stats_command_prints_and_writes_markdown_and_json(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    with ResultStore(path) as store:
+        for result in coding_fixture():
+            store.write(result)
+    out = tmp_path / "report" / "stats"
+    assert main(["stats", str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    markdown = (tmp_path / "report" / "stats.md").read_text()
+    assert markdown in printed
+    assert "| submitted after testing | 2 | 0.400 | 1.000 | 1.000 |" in markdown
+    assert "| engine_error | 1 | 0.167 | n/a | n/a |" in markdown
+    data = json.loads((tmp_path / "report" / "stats.json").read_text())
+    assert data["tables"]["coding_test_calls"]["rows"][0] == ["passed", 2, 2 / 6]
+    assert data["summary"]["unscored"] == 1
+
+
+def test_stats_plots_reward_by_step_from_several_files(qwen_tokenizer, tmp_path):
+    import matplotlib.image
+
+    first = scripted_results(qwen_tokenizer, tmp_path / "step_000001.jsonl")
+    second = tmp_path / "step_000002.jsonl"
+    with ResultStore(second) as store:
+        for result in coding_fixture():
+            store.write(result)
+    out = tmp_path / "plots"
+    assert main(["stats", str(first), str(second), "-o", str(tmp_path / "s"), "--plot", str(out)]) == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["summary"]["rollouts"] == 12  # both files pooled
+    for name in ("reward_by_step.png", "tool_calls_per_rollout.png", "terminations.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
