@@ -256,8 +256,12 @@ def test_mock_tasks_with_initial_state_replay_their_history(qwen_tokenizer, say)
 def test_the_simulator_shares_the_agents_engine_by_default(qwen_tokenizer, say):
     env = Tau2Environment(domain="mock")
     task = env.tasks(1, split="all")[0]
-    # one engine serves both: the customer's opening, the agent's turn, the customer's goodbye
-    engine = ScriptedEngine([say("Hi, create a task."), say("What title?"), say("Never mind. ###STOP###")])
-    result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
-    assert result.termination is TerminationReason.USER_ENDED and engine.calls == 3
-    assert result.trajectory.messages[2]["content"] == "Hi, create a task."
+    # one engine serves both: the customer's opening, the agent's turn, the customer's goodbye; each
+    # rollout uses its OWN engine (veRL builds one per rollout), never the first one the env saw
+    for opening in ("Hi, create a task.", "Hello, I need a task."):
+        engine = ScriptedEngine([say(opening), say("What title?"), say("Never mind. ###STOP###")])
+        result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+        assert result.termination is TerminationReason.USER_ENDED and engine.calls == 3
+        assert result.trajectory.messages[2]["content"] == opening
+    with pytest.raises(ConfigError, match="only known inside rollout"):
+        env.simulator()

@@ -29,6 +29,7 @@ conversation
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any
 
@@ -57,6 +58,11 @@ TICKET_INSTRUCTION = (
     "This request arrived as a written support ticket. The customer cannot answer questions: act on "
     "what the ticket says, within the policy, and finish with a reply that tells the customer what "
     "you did and anything they asked to know."
+)
+
+
+_ROLLOUT_ENGINE: contextvars.ContextVar[tuple[Engine, Any] | None] = contextvars.ContextVar(
+    "tau2_rollout_engine", default=None
 )
 
 
@@ -126,7 +132,6 @@ class Tau2Environment(Environment):
         )
         self._simulator_retries = simulator_retries
         self._simulator: UserSimulator | None = None
-        self._agent_engine: tuple[Engine, Any] | None = None
 
     # --- tasks ------------------------------------------------------------------------------------
 
@@ -165,19 +170,21 @@ class Tau2Environment(Environment):
     # --- the simulated customer -------------------------------------------------------------------
 
     def simulator(self) -> UserSimulator:
-        """The simulator (built once per environment; its engine is shared by every rollout)."""
-        if self._simulator is not None:
-            return self._simulator
+        """The simulator of the rollout being run: on its own engine (built once per environment and
+        shared by every rollout) or, by default, on the engine this rollout's agent runs on."""
         engine, url, model, tokenizer = self._simulator_spec
         if engine is None:
-            if self._agent_engine is None:
+            agent = _ROLLOUT_ENGINE.get()
+            if agent is None:
                 raise ConfigError(
                     "the tau2 simulator shares the agent's engine, which is only known inside rollout(); "
                     "pass simulator_engine to use it elsewhere"
                 )
-            engine, agent_tokenizer = self._agent_engine
-            tokenizer = tokenizer if tokenizer is not None else agent_tokenizer
-        elif isinstance(engine, str):
+            engine, agent_tokenizer = agent
+            return self._make_simulator(engine, tokenizer if tokenizer is not None else agent_tokenizer)
+        if self._simulator is not None:
+            return self._simulator
+        if isinstance(engine, str):
             from agentboost.engines.factory import load_tokenizer, make_engine
 
             if model is None:
@@ -190,14 +197,17 @@ class Tau2Environment(Environment):
             tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
             if tokenizer is None:
                 raise ConfigError("simulator_engine has no tokenizer: pass simulator_tokenizer")
-        self._simulator = UserSimulator(
+        self._simulator = self._make_simulator(engine, tokenizer)
+        return self._simulator
+
+    def _make_simulator(self, engine: Engine, tokenizer: Any) -> UserSimulator:
+        return UserSimulator(
             engine,
             tokenizer,
             template=self._simulator_template,
             sampling=self._simulator_sampling,
             retries=self._simulator_retries,
         )
-        return self._simulator
 
     async def _customer_says(self, episode: Episode, conversation: list[dict[str, Any]]) -> SimulatorReply:
         record = episode.info.setdefault("simulator", {"turns": []})
@@ -215,12 +225,13 @@ class Tau2Environment(Environment):
     # --- the episode ------------------------------------------------------------------------------
 
     async def rollout(self, task: Task, engine: Engine, tokenizer: Any = None, **kwargs: Any) -> Any:
-        if self._agent_engine is None:
-            self._agent_engine = (
-                engine,
-                tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None),
-            )
-        return await super().rollout(task, engine, tokenizer, **kwargs)
+        # the engine of THIS rollout (veRL makes one per rollout), for a simulator that shares it
+        own = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        token = _ROLLOUT_ENGINE.set((engine, own))
+        try:
+            return await super().rollout(task, engine, tokenizer, **kwargs)
+        finally:
+            _ROLLOUT_ENGINE.reset(token)
 
     async def reset(self, task: Task, *, sample: int = 0) -> Episode:
         tau2_task = self._tau2_task(task)

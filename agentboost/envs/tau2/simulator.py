@@ -131,7 +131,9 @@ class UserSimulator:
                 ids_text = ids[:-1]
             else:
                 ids_text = ids
-            raw = self.tokenizer.decode(ids_text, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            raw = self.tokenizer.decode(
+                ids_text, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
             _, visible, _ = split_reasoning(raw, starts_in_think=False)
             text = visible.strip()
             marker = next((m for m in stop_markers() if m in text), None)
