@@ -195,7 +195,10 @@ class Environment:
     # --- one rollout's lifecycle ------------------------------------------------------------------
 
     async def reset(self, task: Task, *, sample: int = 0) -> Episode:
-        """Set up one rollout of ``task``. Override to create per-rollout state (return an Episode)."""
+        """Set up one rollout of ``task``. Override to create per-rollout state (return an Episode).
+
+        The agent starts from ``episode.task.messages``: reset may replace ``episode.task`` with one
+        whose starting conversation it wrote (e.g. a simulated customer's opening words)."""
         return Episode(task, sample)
 
     def tools(self, episode: Episode) -> list[Any]:
@@ -284,7 +287,7 @@ class Environment:
             trajectory = await run_agent(
                 engine,
                 tokenizer,
-                task.messages,
+                episode.task.messages,  # reset may have opened the conversation (a simulated user)
                 system_prompt=self.system_prompt,
                 tools=tools,
                 hooks=hooks,

@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment",
     "math": "agentboost.envs.math_problems:MathEnvironment",
     "coding": "agentboost.envs.coding.environment:CodingEnvironment",
+    "tau2": "agentboost.envs.tau2.environment:Tau2Environment",
 }
 
 

@@ -1,0 +1,341 @@
+"""The ``tau2`` environment: tau2-bench customer service (airline, retail) with a simulated customer.
+
+One rollout = one tau2 task. The agent gets tau2's agent instruction and the domain policy as its
+system prompt and the domain's real tools over a fresh copy of the domain database. In ``simulator``
+mode a simulated customer (:mod:`agentboost.envs.tau2.simulator`) follows the task's hidden scenario
+and talks to it; in ``ticket`` mode the scenario arrives as one written ticket and nobody answers.
+
+How a conversation ends (termination reason, detail):
+
+====================================  ============================  ======================================
+what happened                         termination / detail          tau2 reward
+====================================  ============================  ======================================
+the customer says ###STOP###,         ``user_ended`` / the marker   evaluated
+###TRANSFER### or ###OUT-OF-SCOPE###
+the agent calls                       ``env_stopped`` /             evaluated
+transfer_to_human_agents              ``transfer_to_human_agents``
+ticket mode: the agent ends its turn  ``completed``                 evaluated
+the customer spoke max_user_turns     ``user_ended`` /              0 (tau2 scores a conversation cut
+times and the agent answered again    ``max_user_turns (N)``        short by a limit as 0)
+a rollout limit (turns, tokens, time) that limit's reason           0 (same rule)
+the simulator replied blank after     ``user_ended`` /              unscored: ``reward_error`` says why
+its retries                           ``simulator_failed: ...``     (not the agent's fault)
+the simulator's engine failed         ``engine_error`` (the runner  none (retried)
+                                      retries it)
+the simulator failed to open the      ``env_error`` (from reset)    none
+conversation
+====================================  ============================  ======================================
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import Any
+
+from agentboost.agent.limits import RolloutLimits
+from agentboost.engines.base import Engine, SamplingParams
+from agentboost.envs.base import Environment, Episode, Reward, Task, UserTurn
+from agentboost.envs.tau2.package import (
+    SPLITS,
+    Domain,
+    agent_system_prompt,
+    load_domain,
+    pick,
+    scenario_text,
+)
+from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
+from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
+from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
+from agentboost.errors import AgentBoostError, ConfigError, EngineError
+from agentboost.tokens.trajectory import TerminationReason, Trajectory
+
+MODES = ("simulator", "ticket")
+OPENING_PLACEHOLDER = "(the simulated customer's first message, written when the rollout starts)"
+REWARDS = ("tau2", "toolrl")
+
+TICKET_INSTRUCTION = (
+    "This request arrived as a written support ticket. The customer cannot answer questions: act on "
+    "what the ticket says, within the policy, and finish with a reply that tells the customer what "
+    "you did and anything they asked to know."
+)
+
+
+_ROLLOUT_ENGINE: contextvars.ContextVar[tuple[Engine, Any] | None] = contextvars.ContextVar(
+    "tau2_rollout_engine", default=None
+)
+
+
+class SimulatorFailed(AgentBoostError):
+    """The simulated customer could not continue; the rollout carries no signal about the agent."""
+
+
+class SimulatorEngineError(EngineError):
+    """The simulator's engine failed: the rollout ends ``engine_error``, which the runner retries."""
+
+
+def ticket_text(task: Any) -> str:
+    """A task's scenario written as one customer ticket (tau2's own ticket when the task has one)."""
+    if getattr(task, "ticket", None):
+        return f"{TICKET_INSTRUCTION}\n\nTicket:\n{task.ticket}"
+    instructions = task.user_scenario.instructions
+    if isinstance(instructions, str):
+        body = instructions
+    else:
+        parts = [("Request", instructions.reason_for_call), ("Customer details", instructions.known_info)]
+        parts.append(("Customer's wishes and constraints", instructions.task_instructions))
+        body = "\n\n".join(f"{title}:\n{text.strip()}" for title, text in parts if text and text.strip())
+    return f"{TICKET_INSTRUCTION}\n\nTicket:\n{body}"
+
+
+class Tau2Environment(Environment):
+    """tau2-bench: ``domain`` airline | retail | mock, ``mode`` simulator | ticket, ``reward`` tau2 | toolrl.
+
+    The simulated customer runs on the agent's own engine unless ``simulator_engine`` names another:
+    an :class:`~agentboost.engines.base.Engine` object, or ``"sglang"`` / ``"vllm"`` with
+    ``simulator_url`` (and ``simulator_model`` for its tokenizer), or ``"local"`` with ``simulator_model``.
+    """
+
+    name = "tau2"
+    limits = RolloutLimits(max_turns=40, max_new_tokens=512)
+
+    def __init__(
+        self,
+        domain: str = "airline",
+        mode: str = "simulator",
+        reward: str = "tau2",
+        max_user_turns: int = 20,
+        simulator_engine: str | Engine | None = None,
+        simulator_url: str | list[str] | None = None,
+        simulator_model: str | None = None,
+        simulator_tokenizer: Any = None,
+        simulator_template: str | None = None,
+        simulator_temperature: float = 1.0,
+        simulator_max_new_tokens: int = 256,
+        simulator_retries: int = 2,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"tau2 mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if reward not in REWARDS:
+            raise ConfigError(f"tau2 reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        if max_user_turns < 1:
+            raise ConfigError(f"max_user_turns must be >= 1, got {max_user_turns}")
+        self.domain: Domain = load_domain(domain)
+        self.mode = mode
+        self.reward_kind = reward
+        self.max_user_turns = max_user_turns
+        self.system_prompt = agent_system_prompt(self.domain)
+        self._simulator_spec = (simulator_engine, simulator_url, simulator_model, simulator_tokenizer)
+        self._simulator_template = simulator_template
+        self._simulator_sampling = SamplingParams(
+            temperature=simulator_temperature, max_new_tokens=simulator_max_new_tokens
+        )
+        self._simulator_retries = simulator_retries
+        self._simulator: UserSimulator | None = None
+
+    # --- tasks ------------------------------------------------------------------------------------
+
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
+        if split not in SPLITS:
+            raise ConfigError(f"tau2 split must be one of {', '.join(SPLITS)}, got {split!r}")
+        return [self.task(task_id) for task_id in pick(self.domain.task_ids(split), n, seed)]
+
+    def task(self, tau2_id: str) -> Task:
+        """The agentboost task for one tau2 task id (ids are stable: the same id is the same task)."""
+        tau2_task = self.domain.task(tau2_id)
+        criteria = tau2_task.evaluation_criteria
+        gold = [
+            {"name": action.name, "arguments": action.arguments}
+            for action in (criteria.actions or [] if criteria else [])
+            if action.requestor == "assistant"
+        ]
+        prompt: str | list[dict[str, Any]]
+        if self.mode == "ticket":
+            prompt = ticket_text(tau2_task)
+        else:  # reset() replaces the placeholder with the simulated customer's own opening words
+            prompt = [
+                {"role": "assistant", "content": AGENT_GREETING},
+                {"role": "user", "content": OPENING_PLACEHOLDER},
+            ]
+        return Task(
+            id=f"{self.domain.name}-{tau2_id}",
+            prompt=prompt,
+            ground_truth=gold,
+            metadata={"domain": self.domain.name, "tau2_id": tau2_id, "mode": self.mode},
+        )
+
+    def _tau2_task(self, task: Task) -> Any:
+        return self.domain.task(str(task.metadata.get("tau2_id", task.id)))
+
+    # --- the simulated customer -------------------------------------------------------------------
+
+    def simulator(self) -> UserSimulator:
+        """The simulator of the rollout being run: on its own engine (built once per environment and
+        shared by every rollout) or, by default, on the engine this rollout's agent runs on."""
+        engine, url, model, tokenizer = self._simulator_spec
+        if engine is None:
+            agent = _ROLLOUT_ENGINE.get()
+            if agent is None:
+                raise ConfigError(
+                    "the tau2 simulator shares the agent's engine, which is only known inside rollout(); "
+                    "pass simulator_engine to use it elsewhere"
+                )
+            engine, agent_tokenizer = agent
+            return self._make_simulator(engine, tokenizer if tokenizer is not None else agent_tokenizer)
+        if self._simulator is not None:
+            return self._simulator
+        if isinstance(engine, str):
+            from agentboost.engines.factory import load_tokenizer, make_engine
+
+            if model is None:
+                raise ConfigError(f"simulator_engine={engine!r} needs simulator_model (for its tokenizer)")
+            urls = [url] if isinstance(url, str) else list(url or [])
+            engine = make_engine(engine, model=model, urls=urls)
+            tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+        else:
+            tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+            if tokenizer is None:
+                raise ConfigError("simulator_engine has no tokenizer: pass simulator_tokenizer")
+        self._simulator = self._make_simulator(engine, tokenizer)
+        return self._simulator
+
+    def _make_simulator(self, engine: Engine, tokenizer: Any) -> UserSimulator:
+        return UserSimulator(
+            engine,
+            tokenizer,
+            template=self._simulator_template,
+            sampling=self._simulator_sampling,
+            retries=self._simulator_retries,
+        )
+
+    async def _customer_says(self, episode: Episode, conversation: list[dict[str, Any]]) -> SimulatorReply:
+        record = episode.info.setdefault("simulator", {"turns": []})
+        seed = (
+            None
+            if self._simulator_sampling.temperature == 0
+            else episode.sample * 1_000_003 + len(record["turns"])
+        )
+        reply = await self.simulator().reply(episode.state["scenario"], conversation, seed=seed)
+        record["turns"].append(reply.to_dict())
+        if reply.failure is not None and reply.failure.startswith("engine_error"):
+            raise SimulatorEngineError(f"the user simulator's {reply.failure}")
+        return reply
+
+    # --- the episode ------------------------------------------------------------------------------
+
+    async def rollout(self, task: Task, engine: Engine, tokenizer: Any = None, **kwargs: Any) -> Any:
+        # the engine of THIS rollout (veRL makes one per rollout), for a simulator that shares it
+        own = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        token = _ROLLOUT_ENGINE.set((engine, own))
+        try:
+            return await super().rollout(task, engine, tokenizer, **kwargs)
+        finally:
+            _ROLLOUT_ENGINE.reset(token)
+
+    async def reset(self, task: Task, *, sample: int = 0) -> Episode:
+        tau2_task = self._tau2_task(task)
+        environment = self.domain.fresh_environment()
+        history = []
+        if tau2_task.initial_state is not None:
+            state = tau2_task.initial_state
+            history = list(state.message_history or [])
+            environment.set_state(
+                initialization_data=state.initialization_data,
+                initialization_actions=state.initialization_actions,
+                message_history=history,
+            )
+        episode = Episode(task, sample)
+        episode.state.update(
+            tau2_task=tau2_task,
+            environment=environment,
+            log=ToolLog(),
+            history=history,
+            scenario=scenario_text(tau2_task),
+            user_turns=0,
+        )
+        episode.info["tau2"] = {"domain": self.domain.name, "task_id": tau2_task.id, "mode": self.mode}
+        if self.mode == "simulator":
+            greeting = [{"role": "assistant", "content": AGENT_GREETING}]
+            reply = await self._customer_says(episode, greeting)
+            if reply.failure is not None or reply.marker is not None:
+                raise SimulatorFailed(
+                    f"the simulated customer could not open the conversation: "
+                    f"{reply.failure or 'it ended at once with ' + str(reply.marker)}"
+                )
+            episode.state["user_turns"] = 1
+            episode.task = dataclasses.replace(
+                task, prompt=[*greeting, {"role": "user", "content": reply.text}]
+            )
+        return episode
+
+    def tools(self, episode: Episode) -> list[Any]:
+        def on_call(name: str, tool_use_id: str, arguments: dict[str, Any], response: Any) -> None:
+            if name == TRANSFER_TOOL and not response.error:
+                episode.stop(TRANSFER_TOOL)
+
+        return tau2_tools(episode.state["environment"], episode.state["log"], on_call=on_call)
+
+    async def next_user_message(self, episode: Episode, messages: list[dict[str, Any]]) -> UserTurn | None:
+        if self.mode == "ticket":
+            return None
+        if episode.state["user_turns"] >= self.max_user_turns:
+            episode.info["tau2"]["cut_short"] = f"max_user_turns ({self.max_user_turns})"
+            return UserTurn("", ends_conversation=True, detail=f"max_user_turns ({self.max_user_turns})")
+        reply = await self._customer_says(episode, messages)
+        episode.state["user_turns"] += 1
+        if reply.failure is not None:
+            episode.info["tau2"]["simulator_failed"] = reply.failure
+            return UserTurn("", ends_conversation=True, detail=f"simulator_failed: {reply.failure}")
+        if reply.marker is not None:
+            return UserTurn(reply.text, ends_conversation=True, detail=reply.marker)
+        return reply.text
+
+    # --- reward -----------------------------------------------------------------------------------
+
+    def ended_cleanly(self, trajectory: Trajectory, episode: Episode) -> bool:
+        """Whether the conversation ended the way tau2 scores (not cut short by a limit or failure)."""
+        reason, detail = trajectory.termination, trajectory.termination_detail or ""
+        if reason is TerminationReason.USER_ENDED:
+            return detail.startswith("###")
+        if reason is TerminationReason.ENV_STOPPED:
+            return detail == TRANSFER_TOOL
+        return reason is TerminationReason.COMPLETED and self.mode == "ticket"
+
+    def reward(self, trajectory: Trajectory, episode: Episode) -> Reward:
+        failure = episode.info.get("tau2", {}).get("simulator_failed")
+        if failure is not None:
+            raise SimulatorFailed(f"the simulated customer failed ({failure}); this rollout is unscored")
+        tau2_task = episode.state["tau2_task"]
+        log: ToolLog = episode.state["log"]
+        conversation = to_tau2_messages(episode_messages(trajectory), log, episode.state["history"])
+        tau2_value, breakdown, facts = tau2_evaluation(self.domain, tau2_task, conversation)
+        clean = self.ended_cleanly(trajectory, episode)
+        if not clean:
+            facts["note"] = (
+                f"the conversation ended with {trajectory.termination.value} "
+                f"({trajectory.termination_detail}); tau2 scores it 0"
+            )
+            tau2_value = 0.0
+        breakdown["tau2"] = tau2_value
+        breakdown["ended_cleanly"] = float(clean)
+        predicted = [
+            (call["function"]["name"], call["function"].get("arguments") or {})
+            for message in trajectory.messages
+            if message.get("role") == "assistant"
+            for call in message.get("tool_calls") or []
+        ]
+        gold = [(action["name"], action["arguments"]) for action in episode.task.ground_truth or []]
+        well_formed = trajectory.metrics.get("parse_errors", 0) == 0 and trajectory.termination not in (
+            TerminationReason.MAX_TOKENS,
+        )
+        toolrl_value, toolrl_parts = toolrl_reward(predicted, gold, well_formed=well_formed)
+        breakdown.update(toolrl_parts)
+        breakdown["tool_calls_executed"] = float(len(log.calls))
+        value = tau2_value if self.reward_kind == "tau2" else toolrl_value
+        return Reward(value, breakdown, {**facts, "reward": self.reward_kind})
+
+
+def episode_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """The chat view to score: everything after the system prompt (the greeting included)."""
+    return [message for message in trajectory.messages if message.get("role") != "system"]
