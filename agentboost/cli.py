@@ -19,7 +19,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 async def _rollouts(args: argparse.Namespace) -> int:
-    from agentboost.agent.provider import RolloutLimits
+    from agentboost.agent.limits import resolve_limits
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
@@ -27,14 +27,15 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
     environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
-    defaults = environment.limits
-    limits = RolloutLimits(
-        max_turns=args.max_turns or defaults.max_turns,
-        max_tool_calls=args.max_tool_calls or defaults.max_tool_calls,
-        max_total_tokens=args.max_total_tokens or defaults.max_total_tokens,
-        max_response_tokens=defaults.max_response_tokens,
-        max_new_tokens=args.max_new_tokens or defaults.max_new_tokens,
-        timeout_s=args.timeout or defaults.timeout_s,
+    limits = resolve_limits(
+        environment.limits,
+        {
+            "max_turns": args.max_turns,
+            "max_tool_calls": args.max_tool_calls,
+            "max_total_tokens": args.max_total_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "timeout_s": args.timeout,
+        },
     )
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     config = RunConfig(

@@ -15,6 +15,13 @@ class ModelNotFoundError(AgentBoostError, FileNotFoundError):
     """A model directory or package could not be found locally."""
 
 
+class EnvironmentStepError(AgentBoostError):
+    """An environment's own step failed during a rollout (e.g. ``next_user_message`` raised).
+
+    Ends the rollout with termination ``env_error``; fix the environment (its message names the step).
+    """
+
+
 # --- engines -----------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from strands import tool
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.tokens.qwen import load_qwen3_tokenizer

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import run
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine

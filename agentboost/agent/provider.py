@@ -23,6 +23,7 @@ from typing import Any
 from strands import tool
 from strands.models.model import Model
 
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.errors import AgentBoostError, ConfigError
 from agentboost.tokens.builder import TokenBuffer
@@ -45,39 +46,6 @@ def invalid_tool_call(error: str) -> str:
         error: What was wrong with the call.
     """
     raise InvalidToolCall(error)
-
-
-@dataclass(frozen=True)
-class RolloutLimits:
-    """When a rollout stops. Every limit ends it at a message boundary with its own termination reason."""
-
-    max_turns: int = 32
-    """Model turns (generations). The last turn's tool calls still run."""
-    max_tool_calls: int | None = None
-    """Tool calls executed over the rollout; a turn that would exceed it runs none of its calls."""
-    max_total_tokens: int | None = None
-    """Context budget: prompt + everything appended. None: the engine's context length."""
-    max_response_tokens: int | None = None
-    """Budget for everything after the first prompt (generated and appended tokens), e.g. veRL's
-    response_length. Reaching it ends the rollout with ``context_full``."""
-    max_new_tokens: int = 1024
-    """Generated tokens per turn."""
-    timeout_s: float | None = None
-    """Wall-clock budget for the whole rollout."""
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_turns",
-            "max_tool_calls",
-            "max_total_tokens",
-            "max_response_tokens",
-            "max_new_tokens",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"RolloutLimits.{name} must be >= 1 (or None where allowed), got {value}")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ConfigError(f"RolloutLimits.timeout_s must be > 0, got {self.timeout_s}")
 
 
 class RolloutStop(Exception):
@@ -123,6 +91,7 @@ class TokenModel(Model):
         sampling: SamplingParams,
         limits: RolloutLimits,
         stop_token_ids: Sequence[int],
+        stop: Any = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -130,6 +99,8 @@ class TokenModel(Model):
         self.parser = parser
         self.sampling = sampling
         self.limits = limits
+        self.stop = stop
+        """A StopSignal: when set, the rollout ends before the next model turn."""
         self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids]))
         self.buffer: TokenBuffer | None = None
         self.messages: list[Message] = []
@@ -169,6 +140,11 @@ class TokenModel(Model):
         tool_choice: Any = None,
         **kwargs: Any,
     ) -> AsyncGenerator[dict[str, Any], None]:
+        if self.stop is not None and self.stop.is_set and self.buffer is not None:
+            # the environment ended the rollout after this turn's tools: the sequence ends on the
+            # model's turn; finish() adds the tool results to the chat view only
+            self.record_termination(self.stop.reason, self.stop.detail)
+            raise RolloutStop(self.stop.reason, self.stop.detail)
         if self.buffer is None:
             self._start(messages, tool_specs or (), system_prompt)
         else:
@@ -289,11 +265,11 @@ class TokenModel(Model):
         if system_prompt:
             chat.append({"role": "system", "content": system_prompt})
         for message in messages:
-            if message["role"] != "user":
+            if message["role"] not in ("user", "assistant"):
                 raise ConfigError(
-                    "a rollout must start with user messages only (a fresh agent with no history)"
+                    f"a starting conversation holds user and assistant text, not {message['role']!r}"
                 )
-            chat.append({"role": "user", "content": _text_of(message["content"], "user")})
+            chat.append({"role": message["role"], "content": _text_of(message["content"], message["role"])})
         self.buffer = TokenBuffer(self.tokenizer, self.template, tools=tools)
         self.buffer.start(chat)
         self.messages = chat

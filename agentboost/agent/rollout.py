@@ -12,21 +12,60 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from strands import Agent
 from strands.agent.conversation_manager import NullConversationManager
 
-from agentboost.agent.provider import RolloutLimits, RolloutStop, TokenModel, invalid_tool_call
+from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.provider import RolloutStop, TokenModel, invalid_tool_call
 from agentboost.engines.base import Engine, SamplingParams
-from agentboost.errors import ContextLengthError, EngineError, TemplateError
+from agentboost.errors import (
+    ConfigError,
+    ContextLengthError,
+    EngineError,
+    EnvironmentStepError,
+    TemplateError,
+)
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 _TURNS_PER_INVOCATION = 100
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    """The next user message of a multi-turn conversation (e.g. from a simulated customer)."""
+
+    content: str
+    ends_conversation: bool = False
+    """The user's last word: kept in the chat view, but no model turn follows, so it gets no tokens;
+    the rollout ends with ``user_ended``."""
+    detail: str | None = None
+    """Why the conversation ended (recorded as the termination detail), e.g. ``###STOP###``."""
+
+
+class StopSignal:
+    """Lets an environment end a rollout at the next message boundary (before the next model turn)."""
+
+    def __init__(self) -> None:
+        self.reason: TerminationReason | None = None
+        self.detail: str | None = None
+
+    def set(self, reason: TerminationReason, detail: str) -> None:
+        """Ask the rollout to end with ``reason``; the first request wins."""
+        if self.reason is None:
+            self.reason, self.detail = reason, detail
+
+    @property
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+
+NextUserMessage = Callable[[list[dict[str, Any]]], Awaitable[UserTurn | str | None]]
 
 
 class _QuietRolloutStops(logging.Filter):
@@ -64,6 +103,8 @@ def _classify(error: BaseException) -> tuple[TerminationReason, str] | None:
             return TerminationReason.ENGINE_ERROR, f"{type(current).__name__}: {current}"
         if isinstance(current, TemplateError):
             return TerminationReason.TEMPLATE_ERROR, str(current)
+        if isinstance(current, EnvironmentStepError):
+            return TerminationReason.ENV_ERROR, str(current)
         current = current.__cause__ or current.__context__
     return None
 
@@ -71,27 +112,57 @@ def _classify(error: BaseException) -> tuple[TerminationReason, str] | None:
 async def run_agent(
     engine: Engine,
     tokenizer: Any,
-    prompt: str,
+    prompt: str | Sequence[dict[str, Any]],
     *,
     system_prompt: str | None = None,
     tools: Sequence[Any] = (),
+    hooks: Sequence[Any] = (),
     template: ChatTemplate | str | None = None,
     parser: str = "hermes",
     sampling: SamplingParams | None = None,
     limits: RolloutLimits | None = None,
     task_id: str = "",
+    sample: int = 0,
     info: dict[str, Any] | None = None,
+    next_user_message: NextUserMessage | None = None,
+    stop: StopSignal | None = None,
+    tool_metadata: dict[str, dict[str, Any]] | None = None,
+    strands_messages: list[dict[str, Any]] | None = None,
 ) -> Trajectory:
     """Run a fresh Strands agent on ``prompt`` and return its trajectory. Never raises for rollout failures.
 
-    Every way a rollout can end (a limit, a timeout, an engine or template error, a crash inside the
-    agent) is recorded as the trajectory's termination reason, keeping everything generated so far.
+    ``prompt`` is the user's text or a starting conversation (system / user / assistant messages
+    ending with a user message; all of it prompt tokens). ``sampling`` sets temperature, top-p,
+    top-k and the seed; the per-turn token budget is ``limits.max_new_tokens`` (its one owner).
+    ``next_user_message`` makes the rollout multi-turn: it is awaited with the conversation so far
+    each time the model ends a turn without tool calls, and returns the next user message (appended
+    token-exactly with loss mask 0) or None to end. ``stop`` lets the caller end the rollout at the
+    next message boundary; ``tool_metadata`` (tool-use id -> facts) is attached to the matching tool
+    messages; ``strands_messages`` receives the SDK's own message list at the end.
+
+    Every way a rollout can end (a limit, a timeout, the user or environment ending it, an engine,
+    template or environment error, a crash inside the agent) is recorded as the trajectory's
+    termination reason, keeping everything generated so far.
     """
     sampling = sampling or SamplingParams()
+    if sampling.max_new_tokens != SamplingParams.max_new_tokens:
+        raise ConfigError(
+            f"a rollout's per-turn token budget comes from RolloutLimits.max_new_tokens, not "
+            f"SamplingParams.max_new_tokens ({sampling.max_new_tokens}); set it in the limits"
+        )
     limits = limits or RolloutLimits()
+    stop = stop or StopSignal()
+    conversation = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not conversation or conversation[-1].get("role") != "user":
+        raise ConfigError("a rollout's prompt must be text or a conversation ending with a user message")
+    if conversation[0].get("role") == "system":
+        system_prompt = conversation.pop(0)["content"]
+    history = [
+        {"role": message["role"], "content": [{"text": message["content"]}]} for message in conversation[:-1]
+    ]
     bind = getattr(engine, "bind", None)
     if callable(bind):  # remote engines: keep every turn of this rollout on one server (prefix cache)
-        engine = bind(task_id or uuid.uuid4().hex)
+        engine = bind(f"{task_id}#{sample}")
     chat_template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
     model = TokenModel(
         engine,
@@ -101,10 +172,13 @@ async def run_agent(
         sampling=sampling,
         limits=limits,
         stop_token_ids=stop_token_ids(tokenizer),
+        stop=stop,
     )
     agent = Agent(
         model=model,
+        messages=history,
         tools=[*tools, invalid_tool_call],
+        hooks=list(hooks),
         system_prompt=system_prompt,
         callback_handler=None,
         conversation_manager=NullConversationManager(),
@@ -112,7 +186,7 @@ async def run_agent(
     )
 
     async def drive() -> None:
-        next_prompt: str | None = prompt
+        next_prompt: str | None = conversation[-1]["content"]
         while True:
             remaining = limits.max_turns - model.turns
             if remaining <= 0:
@@ -121,8 +195,36 @@ async def run_agent(
             turns = min(_TURNS_PER_INVOCATION, remaining)
             result = await agent.invoke_async(next_prompt, limits={"turns": turns})
             next_prompt = None
-            if result.stop_reason != "limit_turns":
+            if result.stop_reason == "limit_turns":
+                continue
+            if result.stop_reason != "end_turn" or model.termination is not None or stop.is_set:
                 return
+            if next_user_message is None:
+                return
+            if limits.max_turns - model.turns <= 0:
+                model.record_termination(TerminationReason.MAX_TURNS, f"{model.turns} turns ran (max_turns)")
+                return
+            try:
+                turn = await next_user_message(list(model.messages))
+            except EngineError:
+                raise
+            except Exception as error:
+                raise EnvironmentStepError(
+                    f"next_user_message raised {type(error).__name__}: {error}"
+                ) from error
+            if turn is None:
+                return
+            if isinstance(turn, str):
+                turn = UserTurn(turn)
+            if not isinstance(turn, UserTurn) or not isinstance(turn.content, str):
+                raise EnvironmentStepError(
+                    f"next_user_message must return text, a UserTurn or None, got {turn!r:.200}"
+                )
+            if turn.ends_conversation:
+                model.messages.append({"role": "user", "content": turn.content})
+                stop.set(TerminationReason.USER_ENDED, turn.detail or "the user ended the conversation")
+                return
+            next_prompt = turn.content
 
     started = time.perf_counter()
     reason, detail = TerminationReason.COMPLETED, None
@@ -145,7 +247,15 @@ async def run_agent(
         model.finish(agent.messages)
     if model.termination is not None and reason is TerminationReason.COMPLETED:
         reason, detail = model.termination, model.termination_detail
+    elif stop.reason is not None and reason is TerminationReason.COMPLETED:
+        reason, detail = stop.reason, stop.detail
     elapsed = time.perf_counter() - started
+    if tool_metadata:
+        for message in model.messages:
+            if message.get("role") == "tool" and message.get("tool_call_id") in tool_metadata:
+                message["metadata"] = tool_metadata[message["tool_call_id"]]
+    if strands_messages is not None:
+        strands_messages.extend(agent.messages)
 
     buffer = model.buffer
     token_ids = buffer.token_ids if buffer else []

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
-from agentboost.envs.base import Environment
+from agentboost.agent.limits import RolloutLimits
+from agentboost.envs.base import Environment, Episode, Task
 from agentboost.envs.calculator import calculator
 from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import Trajectory
@@ -24,16 +23,6 @@ SYSTEM_PROMPT = (
     "your reply with a last line of the form\n"
     "Answer: <integer>"
 )
-
-
-@dataclass(frozen=True)
-class ArithmeticTask:
-    """One problem. ``expression`` is the arithmetic in the question; ``answer`` is its exact value."""
-
-    id: str
-    question: str
-    expression: str
-    answer: int
 
 
 @dataclass(frozen=True)
@@ -56,8 +45,11 @@ _NUMBER_PRECEDENCE = 3
 _LARGEST_DIVISOR = 99
 
 
-def generate_tasks(n: int, *, seed: int = 0, difficulty: int = 1) -> list[ArithmeticTask]:
+def generate_tasks(n: int, *, seed: int = 0, difficulty: int = 1) -> list[Task]:
     """``n`` problems, the same for the same ``seed`` and ``difficulty``; a smaller ``n`` gives a prefix.
+
+    Each task's prompt is the question, its ground truth the exact integer answer, and its metadata
+    the expression and the difficulty.
 
     difficulty 1: one of + - * on two numbers below 100. 2: three operations (with exact division) on
     numbers below 100, parenthesised where needed. 3: as 2 with numbers up to 9999.
@@ -70,11 +62,11 @@ def generate_tasks(n: int, *, seed: int = 0, difficulty: int = 1) -> list[Arithm
     for index in range(n):
         expression, answer, _ = _random_expression(rng, level, level.operations)
         tasks.append(
-            ArithmeticTask(
+            Task(
                 id=f"arith-d{difficulty}-s{seed}-{index}",
-                question=f"What is {expression}?",
-                expression=expression,
-                answer=answer,
+                prompt=f"What is {expression}?",
+                ground_truth=answer,
+                metadata={"expression": expression, "difficulty": difficulty},
             )
         )
     return tasks
@@ -175,21 +167,15 @@ class ArithmeticEnvironment(Environment):
     def __init__(self, difficulty: int = 1) -> None:
         self.difficulty = difficulty
 
-    def tools(self) -> list[Any]:
+    def tools(self, episode: Episode) -> list[Any]:
         return [calculator]  # stateless: one object serves every rollout
 
-    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[ArithmeticTask]:
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         # splits draw from disjoint seed streams, so held-out tasks never repeat training ones
         offset = {"train": 0, "test": 1_000_003, "validation": 2_000_006}.get(split)
         if offset is None:
             raise ConfigError(f"unknown split {split!r}; use train, test or validation")
         return generate_tasks(64 if n is None else n, seed=seed + offset, difficulty=self.difficulty)
 
-    def task_from_dict(self, data: Mapping[str, Any]) -> ArithmeticTask:
-        return ArithmeticTask(**data)
-
-    def prompt(self, task: ArithmeticTask) -> str:
-        return task.question
-
-    def reward(self, trajectory: Trajectory, task: ArithmeticTask) -> float:
-        return exact_answer_reward(trajectory.final_text, task.answer)
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
+        return exact_answer_reward(trajectory.final_text, episode.task.ground_truth)

@@ -1,61 +1,140 @@
-"""Environments: a system prompt, tools, how a task becomes a prompt, limits, and a reward.
+"""Environments: a system prompt, tools, a per-rollout lifecycle, limits and a reward.
 
-A new environment is a subclass that fills in ``tasks``, ``prompt`` and ``reward`` (and usually
-``system_prompt`` and ``tools``)::
+An environment is configuration shared by every rollout (it is built once per process from its
+registry name and keyword arguments); what belongs to ONE rollout lives in an :class:`Episode`. The
+lifecycle of one rollout, run by :meth:`Environment.rollout`::
+
+    episode = await env.reset(task, sample=...)     # per-rollout state: a DB copy, a sandbox lease...
+    tools, hooks = env.tools(episode), env.hooks(episode)
+    the agent runs; each time it ends a turn without tool calls:
+        await env.next_user_message(episode, messages)  # a multi-turn user (e.g. a simulated customer)
+    reward = env.reward(trajectory, episode)          # or the environment's RewardFunction object
+    await env.cleanup(episode)                        # always: success, failure or cancellation
+
+A minimal environment::
 
     class Capitals(Environment):
+        name = "capitals"
         system_prompt = "Answer with the capital city only."
         def tasks(self, n=None, *, seed=0, split="train"):
-            return [{"id": "fr", "country": "France", "capital": "Paris"}][:n]
-        def prompt(self, task):
-            return f"What is the capital of {task['country']}?"
-        def reward(self, trajectory, task):
-            return float(trajectory.final_text.strip() == task["capital"])
+            return [Task("fr", "What is the capital of France?", ground_truth="Paris")][:n]
+        def reward(self, trajectory, episode):
+            return float(trajectory.final_text.strip() == episode.task.ground_truth)
 
-``tools()`` is called once per rollout: return fresh tool objects when a tool keeps state, so that
-concurrent rollouts never see each other's state. It may also return Strands tool providers such
-as an ``MCPClient``. A reward may be sync or async and may return a float or a :class:`Reward` with
-a breakdown; a reward that raises is recorded as a failed reward with its error, never a crash.
+Compared with strands-env (the peer many users know): there an environment object is one episode
+(``reset``/``step``/``cleanup`` on the instance) and ``step`` returns messages plus SGLang tokens; here
+one environment serves thousands of concurrent rollouts, each with its own :class:`Episode`, and a
+rollout returns agentboost's token-exact :class:`~agentboost.tokens.trajectory.Trajectory`. Both
+offer tools and Strands hooks per episode, a typed task and a reusable reward-function object.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import inspect
+import logging
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentboost.agent.provider import RolloutLimits
-from agentboost.agent.rollout import run_agent
+from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.rollout import StopSignal, UserTurn, run_agent
 from agentboost.engines.base import Engine, SamplingParams
+from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Environment",
+    "Episode",
+    "Reward",
+    "RewardFunction",
+    "RolloutResult",
+    "Task",
+    "UserTurn",
+]
+
 
 @dataclass
 class Reward:
-    """A reward with the parts it was made of (e.g. ``{"correct": 1.0, "format": 0.2}``)."""
+    """A reward with the parts it was made of.
+
+    ``breakdown`` holds numbers that reports aggregate (``{"correct": 1.0, "format": 0.2}``); ``info``
+    holds other JSON facts about how the reward was reached (``{"first_failure_status": "timeout"}``).
+    """
 
     value: float
     breakdown: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class RewardFunction:
+    """A reusable reward: subclass and implement ``__call__`` (sync or async), then set it as an
+    environment's ``reward_fn``. It reads the token-exact trajectory and the episode (its task, the
+    environment's per-rollout state, and ``episode.messages``: the Strands SDK's own messages)."""
+
+    def __call__(
+        self, trajectory: Trajectory, episode: Episode
+    ) -> float | Reward | Awaitable[float | Reward]:
+        raise NotImplementedError(f"{type(self).__name__} does not define __call__()")
+
+
+class Episode:
+    """One rollout of one task: the environment's per-rollout state, made by ``reset`` and closed by
+    ``cleanup``. Subclass it, or keep objects in :attr:`state`."""
+
+    def __init__(self, task: Task, sample: int = 0) -> None:
+        self.task = task
+        self.sample = sample
+        self.state: dict[str, Any] = {}
+        """The environment's per-rollout objects (a database copy, a sandbox lease, a simulator)."""
+        self.info: dict[str, Any] = {}
+        """Merged into ``trajectory.info`` (JSON-serialisable), e.g. a user simulator's own tokens."""
+        self.messages: list[dict[str, Any]] = []
+        """The Strands SDK's message list once the agent ran (for rewards that read it)."""
+        self.tool_metadata: dict[str, dict[str, Any]] = {}
+        """Facts a tool recorded about one call, by tool-use id; they appear as that call's tool
+        message ``metadata`` in the trajectory."""
+        self.stop_signal = StopSignal()
+
+    def annotate_tool(self, call: Any, **metadata: Any) -> None:
+        """Record facts about one tool call (e.g. ``status="passed"``) for statistics and viewers.
+
+        ``call`` is the tool-use id or the Strands ``ToolContext`` (declare the tool with
+        ``@tool(context=True)`` and pass ``tool_context``). Reports read these, never the tool's text.
+        """
+        tool_use = getattr(call, "tool_use", None)
+        tool_use_id = tool_use["toolUseId"] if tool_use is not None else call
+        if not isinstance(tool_use_id, str):
+            raise ConfigError(f"annotate_tool needs a tool-use id or a ToolContext, got {call!r}")
+        self.tool_metadata.setdefault(tool_use_id, {}).update(metadata)
+
+    def stop(self, detail: str) -> None:
+        """End the rollout once the current turn's tools have run (termination ``env_stopped``)."""
+        self.stop_signal.set(TerminationReason.ENV_STOPPED, detail)
 
 
 @dataclass
 class RolloutResult:
-    """One rollout of one task: its trajectory and its reward (or why the reward failed)."""
+    """One rollout of one task: its trajectory and its reward (or why the reward failed).
+
+    The result owns the reward: a trajectory holds tokens and messages only.
+    """
 
     task_id: str
     sample: int
     trajectory: Trajectory
     reward: float | None
-    """None when the reward function failed; see ``reward_error``."""
+    """None when no reward was computed (a failed rollout or reward function); see ``reward_error``."""
     reward_breakdown: dict[str, float] = field(default_factory=dict)
+    reward_info: dict[str, Any] = field(default_factory=dict)
     reward_error: str | None = None
     attempts: int = 1
-    """How many times the rollout ran (engine errors are retried by the runner)."""
+    """How many times the rollout ran (retryable failures are run again by the runner)."""
 
     @property
     def termination(self) -> TerminationReason:
@@ -63,8 +142,8 @@ class RolloutResult:
 
     @property
     def failed(self) -> bool:
-        """An engine, template or agent error, or a failed reward: the sample carries no usable signal."""
-        return self.reward is None or self.termination in _FAILURES
+        """The rollout broke or its reward could not be computed: the sample carries no usable signal."""
+        return self.reward is None or self.termination.failed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +151,7 @@ class RolloutResult:
             "sample": self.sample,
             "reward": self.reward,
             "reward_breakdown": self.reward_breakdown,
+            "reward_info": self.reward_info,
             "reward_error": self.reward_error,
             "attempts": self.attempts,
             "termination": self.termination.value,
@@ -86,87 +166,86 @@ class RolloutResult:
             trajectory=Trajectory.from_dict(data["trajectory"]),
             reward=data.get("reward"),
             reward_breakdown=dict(data.get("reward_breakdown") or {}),
+            reward_info=dict(data.get("reward_info") or {}),
             reward_error=data.get("reward_error"),
             attempts=int(data.get("attempts", 1)),
         )
 
 
-_FAILURES = frozenset(
-    {
-        TerminationReason.ENGINE_ERROR,
-        TerminationReason.TEMPLATE_ERROR,
-        TerminationReason.AGENT_ERROR,
-        TerminationReason.WORKER_CRASHED,
-    }
-)
-
-
 class Environment:
-    """Subclass it: set ``system_prompt`` (and ``limits``); implement ``tasks``, ``prompt``, ``reward``."""
+    """Subclass it: set ``name`` and ``system_prompt`` (and ``limits``); implement ``tasks`` and
+    ``reward`` (or set ``reward_fn``); override the lifecycle methods an environment needs."""
 
     name: ClassVar[str] = "environment"
     system_prompt: str | None = None
+    """A task whose starting conversation opens with a system message uses that one instead."""
     limits: RolloutLimits = RolloutLimits()
     template: str | None = None
     """Chat template name (``qwen3``, ``chatml``, ``tokenizer``); None picks one from the tokenizer."""
     parser: str = "hermes"
     """Tool-call format (see :mod:`agentboost.tokens.parsers`)."""
+    reward_fn: RewardFunction | None = None
+    """The reward used by the default :meth:`reward`."""
 
-    def tools(self) -> list[Any]:
-        """Strands tools for ONE rollout. Return fresh objects when a tool keeps state."""
-        return []
+    # --- tasks ----------------------------------------------------------------------------------
 
-    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> Sequence[Any]:
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> Sequence[Task]:
         raise NotImplementedError(f"{type(self).__name__} does not define tasks()")
 
-    def prompt(self, task: Any) -> str:
-        raise NotImplementedError(f"{type(self).__name__} does not define prompt()")
+    # --- one rollout's lifecycle ------------------------------------------------------------------
 
-    def reward(self, trajectory: Trajectory, task: Any) -> Any:
-        """A float, a :class:`Reward`, or an awaitable of either."""
-        raise NotImplementedError(f"{type(self).__name__} does not define reward()")
+    async def reset(self, task: Task, *, sample: int = 0) -> Episode:
+        """Set up one rollout of ``task``. Override to create per-rollout state (return an Episode)."""
+        return Episode(task, sample)
 
-    # --- tasks as plain data (for result files, worker processes, veRL parquet) -----------------
+    def tools(self, episode: Episode) -> list[Any]:
+        """Strands tools for ONE rollout (fresh objects when a tool keeps state; may close over it)."""
+        return []
 
-    def task_id(self, task: Any) -> str:
-        if isinstance(task, Mapping) and "id" in task:
-            return str(task["id"])
-        return str(getattr(task, "id", task))
+    def hooks(self, episode: Episode) -> list[Any]:
+        """Strands hook providers for ONE rollout (metrics, guards, custom stops)."""
+        return []
 
-    def task_to_dict(self, task: Any) -> dict[str, Any]:
-        if dataclasses.is_dataclass(task) and not isinstance(task, type):
-            return dataclasses.asdict(task)
-        if isinstance(task, Mapping):
-            return dict(task)
-        raise ConfigError(
-            f"{type(self).__name__}: override task_to_dict() for tasks of type {type(task).__name__}"
-        )
+    async def next_user_message(
+        self, episode: Episode, messages: list[dict[str, Any]]
+    ) -> UserTurn | str | None:
+        """Called when the agent ends a turn without calling a tool: the user's next message, or None
+        to end the rollout (``completed``). ``messages`` is the conversation so far (trajectory form).
+        A returned message is appended token-exactly, with loss mask 0."""
+        return None
 
-    def task_from_dict(self, data: Mapping[str, Any]) -> Any:
-        return dict(data)
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float | Reward | Awaitable[float | Reward]:
+        """A float, a :class:`Reward`, or an awaitable of either. Default: ``self.reward_fn``."""
+        if self.reward_fn is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither reward() nor reward_fn")
+        return self.reward_fn(trajectory, episode)
+
+    async def cleanup(self, episode: Episode) -> None:
+        """Release what ``reset`` took. Always called once per rollout, whatever happened."""
 
     # --- running ----------------------------------------------------------------------------------
 
-    async def score(
-        self, trajectory: Trajectory, task: Any
-    ) -> tuple[float | None, dict[str, float], str | None]:
-        """Run the reward; a reward that raises or returns garbage becomes (None, {}, error)."""
+    async def score(self, trajectory: Trajectory, episode: Episode) -> Reward | str:
+        """Run the reward: a :class:`Reward`, or the error text when it raised or returned garbage."""
         try:
-            outcome = self.reward(trajectory, task)
+            outcome = self.reward(trajectory, episode)
             if inspect.isawaitable(outcome):
                 outcome = await outcome
             if isinstance(outcome, Reward):
-                return float(outcome.value), {k: float(v) for k, v in outcome.breakdown.items()}, None
+                return Reward(
+                    float(outcome.value),
+                    {key: float(value) for key, value in outcome.breakdown.items()},
+                    dict(outcome.info),
+                )
             if isinstance(outcome, bool) or not isinstance(outcome, int | float):
                 raise TypeError(f"reward() returned {type(outcome).__name__}; return a float or a Reward")
-            return float(outcome), {}, None
+            return Reward(float(outcome))
         except Exception as error:
-            detail = "".join(traceback.format_exception_only(type(error), error)).strip()
-            return None, {}, f"{detail} (in {type(self).__name__}.reward)"
+            return f"{_describe(error)} (in {type(self).__name__}.reward)"
 
     async def rollout(
         self,
-        task: Any,
+        task: Task,
         engine: Engine,
         tokenizer: Any = None,
         *,
@@ -175,26 +254,103 @@ class Environment:
         template: ChatTemplate | str | None = None,
         sample: int = 0,
     ) -> RolloutResult:
-        """Run one task once and score it. Never raises for a failed rollout or a failed reward."""
+        """Run one task once and score it: reset, agent, reward, cleanup.
+
+        Never raises for a failed rollout, a failed environment step or a failed reward: each is
+        recorded (termination ``env_error``, ``reward_error``). Cancellation propagates after cleanup.
+        """
         tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         if tokenizer is None:
             raise ConfigError(
                 "no tokenizer: pass one, or use an engine that carries one (LocalEngine.from_pretrained)"
             )
-        task_id = self.task_id(task)
-        trajectory = await run_agent(
-            engine,
-            tokenizer,
-            self.prompt(task),
-            system_prompt=self.system_prompt,
-            tools=self.tools(),
-            template=template if template is not None else self.template,
-            parser=self.parser,
-            sampling=sampling,
-            limits=limits or self.limits,
-            task_id=task_id,
-            info={"environment": self.name, "sample": sample},
+        if not isinstance(task, Task):
+            raise ConfigError(
+                f"{type(self).__name__}.rollout() takes a Task, got {type(task).__name__}; "
+                "build tasks with agentboost.envs.task.Task (Task.from_dict for JSON rows)"
+            )
+        info = {"environment": self.name, "sample": sample}
+        try:
+            episode = await self.reset(task, sample=sample)
+        except Exception as error:
+            detail = f"{_describe(error)} (in {type(self).__name__}.reset)"
+            return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
+        try:
+            try:
+                tools, hooks = self.tools(episode), self.hooks(episode)
+            except Exception as error:
+                detail = f"{_describe(error)} (in {type(self).__name__}.tools/hooks)"
+                return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
+            trajectory = await run_agent(
+                engine,
+                tokenizer,
+                task.messages,
+                system_prompt=self.system_prompt,
+                tools=tools,
+                hooks=hooks,
+                template=template if template is not None else self.template,
+                parser=self.parser,
+                sampling=sampling,
+                limits=limits or self.limits,
+                task_id=task.id,
+                sample=sample,
+                info=info,
+                next_user_message=(
+                    None
+                    if type(self).next_user_message is Environment.next_user_message
+                    else lambda messages: self.next_user_message(episode, messages)
+                ),
+                stop=episode.stop_signal,
+                tool_metadata=episode.tool_metadata,
+                strands_messages=episode.messages,
+            )
+            trajectory.info.update(episode.info)
+            if trajectory.termination.failed:
+                return RolloutResult(
+                    task.id,
+                    sample,
+                    trajectory,
+                    None,
+                    reward_error=f"no reward: the rollout ended "
+                    f"{trajectory.termination.value} ({trajectory.termination_detail})",
+                )
+            reward = await self.score(trajectory, episode)
+            if isinstance(reward, str):
+                return RolloutResult(task.id, sample, trajectory, None, reward_error=reward)
+            return RolloutResult(task.id, sample, trajectory, reward.value, reward.breakdown, reward.info)
+        finally:
+            await _cleanup(self, episode)
+
+
+async def _cleanup(environment: Environment, episode: Episode) -> None:
+    """Run ``cleanup`` to the end even when the rollout is being cancelled; log (not raise) its errors."""
+    try:
+        await asyncio.shield(environment.cleanup(episode))
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # a failing cleanup must not turn a finished rollout into a crash
+        logger.warning(
+            "%s.cleanup failed for task %r: %s", type(environment).__name__, episode.task.id, _describe(error)
         )
-        reward, breakdown, error = await self.score(trajectory, task)
-        trajectory.reward = reward
-        return RolloutResult(task_id, sample, trajectory, reward, breakdown, error)
+
+
+def _describe(error: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
+
+
+def _unscored(
+    task: Task, sample: int, reason: TerminationReason, detail: str, info: dict[str, Any]
+) -> RolloutResult:
+    """The result of a rollout that never reached the agent."""
+    trajectory = Trajectory(
+        task_id=task.id,
+        messages=[],
+        token_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        segments=[],
+        termination=reason,
+        termination_detail=detail,
+        info=info,
+    )
+    return RolloutResult(task.id, sample, trajectory, None, reward_error=f"no reward: {detail}")

@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
+from agentboost.envs.task import Task
+from agentboost.errors import ConfigError
 from agentboost.rollout.results import ResultStore
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -90,18 +92,21 @@ def job_seed(base: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{base}:{task_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
-def plan_jobs(environment: Environment, tasks: Sequence[Any], config: RunConfig) -> list[Job]:
+def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> list[Job]:
     """Every (task, sample) pair, tasks in order, samples of a task together."""
     jobs = []
     seen: set[str] = set()
     for task in tasks:
-        task_id = environment.task_id(task)
+        if not isinstance(task, Task):
+            raise ConfigError(
+                f"{type(environment).__name__}.tasks() must return agentboost Task objects, "
+                f"got {type(task).__name__}"
+            )
+        task_id = task.id
         if task_id in seen:
-            from agentboost.errors import ConfigError
-
             raise ConfigError(f"two tasks share the id {task_id!r}; task ids must be unique to resume")
         seen.add(task_id)
-        payload = environment.task_to_dict(task)
+        payload = task.to_dict()
         for sample in range(config.samples):
             jobs.append(Job(task_id, payload, sample, job_seed(config.seed, task_id, sample)))
     return jobs
@@ -119,7 +124,7 @@ def in_process(
     base = sampling or SamplingParams()
 
     async def execute(job: Job) -> RolloutResult:
-        task = environment.task_from_dict(job.task)
+        task = Task.from_dict(job.task)
         return await environment.rollout(
             task, engine, tokenizer, sampling=replace(base, seed=job.seed), limits=limits, sample=job.sample
         )
@@ -168,11 +173,7 @@ async def run_jobs(
             except WorkerCrashed as crash:
                 result = crashed_result(job, str(crash))
             result.attempts = number
-            retryable = result.termination in (
-                TerminationReason.ENGINE_ERROR,
-                TerminationReason.WORKER_CRASHED,
-            )
-            if not retryable or number > config.retries:
+            if not result.termination.retryable or number > config.retries:
                 return result
             summary.retried += 1
             await asyncio.sleep(delay)

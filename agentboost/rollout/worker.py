@@ -16,10 +16,11 @@ from typing import Any
 
 
 async def _serve(spec: dict[str, Any], results: Any) -> None:
-    from agentboost.agent.provider import RolloutLimits
+    from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment
+    from agentboost.envs.task import Task
 
     environment = make_environment(spec["environment"], spec["environment_kwargs"])
     tokenizer = load_tokenizer(spec["model"])
@@ -39,7 +40,7 @@ async def _serve(spec: dict[str, Any], results: Any) -> None:
     async def run(job: dict[str, Any]) -> None:
         async with slots:
             try:
-                task = environment.task_from_dict(job["task"])
+                task = Task.from_dict(job["task"])
                 result = await environment.rollout(
                     task,
                     engine,

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError

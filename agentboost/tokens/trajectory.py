@@ -18,7 +18,8 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
                    latency_s, engine_s
     info           free-form: model, template, sampling, environment facts
-    reward         null, or the reward the environment gave (filled by environments)
+
+The reward is not part of a trajectory: :class:`~agentboost.envs.base.RolloutResult` owns it.
 
 Floats round-trip exactly (Python writes the shortest repr), so save -> load is lossless.
 """
@@ -40,28 +41,84 @@ TRAJECTORY_VERSION = 1
 
 
 class TerminationReason(str, Enum):
-    """Why a rollout ended. Every rollout ends with exactly one."""
+    """Why a rollout ended. Every rollout ends with exactly one; :data:`TERMINATIONS` says what it means."""
 
     COMPLETED = "completed"
-    """The model answered without calling a tool."""
+    """The model answered without calling a tool (and the environment had no further user message)."""
     MAX_TURNS = "max_turns"
     """``max_turns`` model turns ran; the last turn's tools ran too."""
     MAX_TOOL_CALLS = "max_tool_calls"
     """A turn asked for more tool calls than were left; none of that turn's calls ran."""
     CONTEXT_FULL = "context_full"
-    """No room was left in the context (``max_total_tokens`` or the engine's window)."""
+    """No room was left in the context (``max_total_tokens``, the response budget or the engine's window)."""
     MAX_TOKENS = "max_tokens"
     """A turn hit ``max_new_tokens`` before a stop token; its output is kept, its calls do not run."""
     TIMEOUT = "timeout"
     """The wall-clock ``timeout_s`` ran out; everything completed before it is kept."""
+    USER_ENDED = "user_ended"
+    """The environment's user (e.g. a simulated customer) said their last word and ended the conversation."""
+    ENV_STOPPED = "env_stopped"
+    """The environment ended the rollout after a turn's tools ran (e.g. a transfer to a human agent)."""
     ENGINE_ERROR = "engine_error"
     """The engine failed (after its own retries)."""
     TEMPLATE_ERROR = "template_error"
     """A message could not be appended without breaking token exactness."""
     AGENT_ERROR = "agent_error"
     """Anything else raised inside the agent (a bug, or a tool that crashed the loop)."""
+    ENV_ERROR = "env_error"
+    """The environment failed: its reset, tools, hooks, next user message or cleanup raised."""
     WORKER_CRASHED = "worker_crashed"
     """The worker process running the rollout died (e.g. killed for memory) on every attempt."""
+
+    @property
+    def failed(self) -> bool:
+        """The rollout broke: it carries no usable signal and is reported as a failure."""
+        return TERMINATIONS[self].failed
+
+    @property
+    def retryable(self) -> bool:
+        """Running the same rollout again may succeed (a transient engine or process failure)."""
+        return TERMINATIONS[self].retryable
+
+    @property
+    def truncated(self) -> bool:
+        """A limit cut the rollout short: the model did not finish on its own."""
+        return TERMINATIONS[self].truncated
+
+    @property
+    def trainable(self) -> bool:
+        """Its tokens, mask and logprobs are complete up to the ending and may be trained on."""
+        return TERMINATIONS[self].trainable
+
+
+@dataclass(frozen=True)
+class Termination:
+    """What a termination reason means to the runner, the trainers and reports."""
+
+    failed: bool
+    retryable: bool
+    truncated: bool
+    trainable: bool
+
+
+TERMINATIONS: dict[TerminationReason, Termination] = {
+    # reason                                  failed retryable truncated trainable
+    TerminationReason.COMPLETED: Termination(False, False, False, True),
+    TerminationReason.MAX_TURNS: Termination(False, False, True, True),
+    TerminationReason.MAX_TOOL_CALLS: Termination(False, False, True, True),
+    TerminationReason.CONTEXT_FULL: Termination(False, False, True, True),
+    TerminationReason.MAX_TOKENS: Termination(False, False, True, True),
+    TerminationReason.TIMEOUT: Termination(False, False, True, True),
+    TerminationReason.USER_ENDED: Termination(False, False, False, True),
+    TerminationReason.ENV_STOPPED: Termination(False, False, False, True),
+    TerminationReason.ENGINE_ERROR: Termination(True, True, False, False),
+    TerminationReason.TEMPLATE_ERROR: Termination(True, False, False, False),
+    TerminationReason.AGENT_ERROR: Termination(True, False, False, False),
+    TerminationReason.ENV_ERROR: Termination(True, False, False, False),
+    TerminationReason.WORKER_CRASHED: Termination(True, True, False, False),
+}
+"""The one table that says, for every termination reason, whether the rollout failed, may be retried,
+was cut short by a limit, and may be trained on. Runner, trainers, the veRL loop and reports read it."""
 
 
 @dataclass
@@ -86,7 +143,6 @@ class Trajectory:
     termination_detail: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
-    reward: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -123,7 +179,6 @@ class Trajectory:
             "version": TRAJECTORY_VERSION,
             "task_id": self.task_id,
             "termination": {"reason": self.termination.value, "detail": self.termination_detail},
-            "reward": self.reward,
             "metrics": self.metrics,
             "info": self.info,
             "messages": self.messages,
@@ -153,7 +208,6 @@ class Trajectory:
             termination_detail=data["termination"].get("detail"),
             metrics=data.get("metrics", {}),
             info=data.get("info", {}),
-            reward=data.get("reward"),
         )
 
     def to_json(self) -> str:

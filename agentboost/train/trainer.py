@@ -34,13 +34,13 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits, resolve_limits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
@@ -280,12 +280,14 @@ class Trainer:
         max_new_tokens = rollout.max_new_tokens
         if evaluation and self.config.eval.max_new_tokens is not None:
             max_new_tokens = self.config.eval.max_new_tokens
-        return replace(
+        return resolve_limits(
             defaults,
-            max_turns=rollout.max_turns or defaults.max_turns,
-            max_new_tokens=max_new_tokens or defaults.max_new_tokens,
-            max_total_tokens=rollout.max_total_tokens or defaults.max_total_tokens,
-            timeout_s=rollout.timeout_s or defaults.timeout_s,
+            {
+                "max_turns": rollout.max_turns,
+                "max_new_tokens": max_new_tokens,
+                "max_total_tokens": rollout.max_total_tokens,
+                "timeout_s": rollout.timeout_s,
+            },
         )
 
     def _collect(
@@ -479,8 +481,7 @@ class Trainer:
             "reward/mean": sum(rewards) / len(rewards),
             "reward/std": _std(rewards),
             "rollout/failed": float(len(results) - len(usable)),
-            "rollout/truncated_fraction": sum(r.termination.value == "max_tokens" for r in results)
-            / len(results),
+            "rollout/truncated_fraction": sum(r.termination.truncated for r in results) / len(results),
             "rollout/generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results)
             / len(results),
         }

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from conftest import QUESTION, SYSTEM, add, multiply, run
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import Generation
 from agentboost.engines.scripted import ScriptedEngine

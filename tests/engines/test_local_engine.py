@@ -9,7 +9,7 @@ import torch
 from conftest import SYSTEM, add, multiply, run
 from transformers import AutoModelForCausalLM
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine

@@ -488,7 +488,7 @@ def test_greedy_generations_are_identical_in_process_and_through_both_clients(ti
 def _rollout(tokenizer, **limits: int):
     from conftest import QUESTION, SYSTEM, add, multiply
 
-    from agentboost.agent.provider import RolloutLimits
+    from agentboost.agent.limits import RolloutLimits
     from agentboost.agent.rollout import run_agent
 
     async def work(engine):

@@ -15,11 +15,11 @@ from agentboost.errors import ConfigError
 @pytest.mark.parametrize("difficulty", [1, 2, 3])
 def test_answers_are_the_exact_integer_value_of_the_question(difficulty):
     for task in generate_tasks(300, seed=7, difficulty=difficulty):
-        assert task.question == f"What is {task.expression}?"
+        assert task.prompt == f"What is {task.metadata['expression']}?"
         # recomputed independently: the calculator parses the text the model will see
-        value = evaluate(task.expression)
+        value = evaluate(task.metadata["expression"])
         assert type(value) is int
-        assert value == task.answer
+        assert value == task.ground_truth
 
 
 def test_generation_is_deterministic_and_prefix_stable():
@@ -42,16 +42,16 @@ def test_ids_are_unique_across_seeds_and_difficulties():
 
 def test_difficulty_shapes_the_problems():
     def numbers(task):
-        return [int(number) for number in re.findall(r"\d+", task.expression)]
+        return [int(number) for number in re.findall(r"\d+", task.metadata["expression"])]
 
     easy = generate_tasks(200, difficulty=1)
     assert all(len(numbers(task)) == 2 and max(numbers(task)) < 100 for task in easy)
-    assert not any("/" in task.expression for task in easy)
+    assert not any("/" in task.metadata["expression"] for task in easy)
 
     medium = generate_tasks(200, difficulty=2)
     assert all(len(numbers(task)) == 4 and max(numbers(task)) < 100 for task in medium)
-    assert any("/" in task.expression for task in medium)
-    assert any("(" in task.expression for task in medium)
+    assert any("/" in task.metadata["expression"] for task in medium)
+    assert any("(" in task.metadata["expression"] for task in medium)
 
     hard = generate_tasks(200, difficulty=3)
     assert max(max(numbers(task)) for task in hard) >= 1000

@@ -266,7 +266,10 @@ def test_worker_runs_parquet_rows_into_a_padded_batch_with_exact_logprobs(
 def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker, say):
     environment = ArithmeticEnvironment()
     task = generate_tasks(1, seed=3)[0]
-    turns = [tool_call(task.expression), f"The calculator says {task.answer}.\nAnswer: {task.answer}"]
+    turns = [
+        tool_call(task.metadata["expression"]),
+        f"The calculator says {task.ground_truth}.\nAnswer: {task.ground_truth}",
+    ]
     server = scripted_server(say, turns)
     config = with_rollout(worker.config, response_length=256)
     row = row_of(environment, task)
@@ -278,10 +281,10 @@ def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker
     assert response[: len(first)] == first and response[-len(last) :] == last
     assert mask == [1] * len(first) + [0] * (len(response) - len(first) - len(last)) + [1] * len(last)
     tool_text = worker.tokenizer.decode(response[len(first) : -len(last)])
-    assert "<tool_response>" in tool_text and str(task.answer) in tool_text
+    assert "<tool_response>" in tool_text and str(task.ground_truth) in tool_text
     assert output.response_logprobs == [-0.5 if bit else 0.0 for bit in mask]  # ScriptedEngine's constant
     prompt_text = worker.tokenizer.decode(output.prompt_ids)
-    assert task.question in prompt_text and '"calculator"' in prompt_text  # rendered with the tool schema
+    assert task.prompt in prompt_text and '"calculator"' in prompt_text  # rendered with the tool schema
     assert output.reward_score == 1.0
     assert output.num_turns == 4  # user, assistant, tool, assistant
     assert output.extra_fields["agentboost"]["termination"] == "completed"
@@ -305,10 +308,10 @@ def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker
 
 def test_the_legacy_trainer_pads_the_output_and_rewards_the_last_token(worker, say):
     task = generate_tasks(1, seed=3)[0]
-    answer = say(f"Answer: {task.answer}")
+    answer = say(f"Answer: {task.ground_truth}")
     row = row_of(ArithmeticEnvironment(), task)
 
-    output = run_loop(worker, scripted_server(say, [f"Answer: {task.answer}"]), row)
+    output = run_loop(worker, scripted_server(say, [f"Answer: {task.ground_truth}"]), row)
     batch = worker._postprocess([run(worker._agent_loop_postprocess(output, False, **row))]).batch
 
     padding = RESPONSE_LENGTH - len(answer)
@@ -322,7 +325,7 @@ def test_the_legacy_trainer_pads_the_output_and_rewards_the_last_token(worker, s
 def test_the_response_budget_ends_the_rollout_between_messages(worker, say):
     environment = ArithmeticEnvironment()
     task = generate_tasks(1, seed=3)[0]
-    turns = [tool_call(task.expression), f"Answer: {task.answer}"]
+    turns = [tool_call(task.metadata["expression"]), f"Answer: {task.ground_truth}"]
     budget = len(say(turns[0])) + 3  # room for the first turn, not for the tool result after it
     server = scripted_server(say, turns)
 
@@ -342,7 +345,7 @@ def test_the_response_budget_ends_the_rollout_between_messages(worker, say):
 def test_verls_assistant_turn_limit_caps_the_environments(worker, say):
     environment = ArithmeticEnvironment()
     task = generate_tasks(1, seed=3)[0]
-    server = scripted_server(say, [tool_call(task.expression), f"Answer: {task.answer}"])
+    server = scripted_server(say, [tool_call(task.metadata["expression"]), f"Answer: {task.ground_truth}"])
     config = with_rollout(worker.config, response_length=256)
     config.actor_rollout_ref.rollout.multi_turn.max_assistant_turns = 1
 
@@ -368,7 +371,7 @@ def test_a_failed_rollout_is_a_valid_output_that_trains_nothing(worker, say, cas
     environment = RewardFailsEnvironment() if case == "reward_fails" else ArithmeticEnvironment()
     task = generate_tasks(1, seed=3)[0]
     row = row_of(environment, task)
-    server = scripted_server(say, [f"Answer: {task.answer}"])
+    server = scripted_server(say, [f"Answer: {task.ground_truth}"])
     config = worker.config
     if case == "server_error":
         server.fail = RuntimeError("out of memory")
@@ -394,7 +397,7 @@ def test_a_failed_rollout_is_a_valid_output_that_trains_nothing(worker, say, cas
     if case == "prompt_too_long":
         assert server.requests == []  # refused before anything was sent
     if case == "reward_fails":
-        assert output.response_ids == say(f"Answer: {task.answer}")  # kept for inspection, masked out
+        assert output.response_ids == say(f"Answer: {task.ground_truth}")  # kept for inspection, masked out
     # and veRL takes it like any other output
     padded = run(worker._agent_loop_postprocess(output, False, **row))
     assert padded.response_mask.sum().item() == 0

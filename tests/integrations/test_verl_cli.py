@@ -9,6 +9,7 @@ import pytest
 
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.envs.registry import make_environment
+from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.integrations.verl.cli import register_commands
 from agentboost.integrations.verl.data import read_row, task_rows
@@ -43,8 +44,8 @@ def test_data_to_verl_writes_one_row_per_task_that_rebuilds_the_task(tmp_path, c
     first = rows[0]
     assert first["data_source"] == "arithmetic" and first["agent_name"] == "agentboost"
     assert [message["role"] for message in first["prompt"]] == ["system", "user"]
-    assert first["prompt"][1]["content"] == expected[0].question
-    assert first["reward_model"] == {"style": "rule", "ground_truth": str(expected[0].answer)}
+    assert first["prompt"][1]["content"] == expected[0].prompt
+    assert first["reward_model"] == {"style": "rule", "ground_truth": str(expected[0].ground_truth)}
     assert first["extra_info"]["environment"] == "agentboost.envs.arithmetic:ArithmeticEnvironment"
     assert [row["extra_info"]["index"] for row in rows] == [0, 1, 2]
 
@@ -52,7 +53,7 @@ def test_data_to_verl_writes_one_row_per_task_that_rebuilds_the_task(tmp_path, c
     spec = read_row(first)
     environment = make_environment(spec.environment, spec.environment_kwargs)
     assert environment.difficulty == 2
-    assert environment.task_from_dict(spec.task) == expected[0]
+    assert Task.from_dict(spec.task) == expected[0]
 
 
 @pytest.mark.parametrize(

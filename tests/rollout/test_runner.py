@@ -17,7 +17,7 @@ from strands import tool
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
-from agentboost.envs.base import Environment, Reward
+from agentboost.envs.base import Environment, Reward, Task
 from agentboost.errors import ConfigError, EngineError
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
@@ -111,7 +111,7 @@ class Notes(Environment):
 
     system_prompt = "Keep notes."
 
-    def tools(self):
+    def tools(self, episode):
         notes: list[str] = []
 
         @tool
@@ -133,16 +133,13 @@ class Notes(Environment):
         return [write_note, read_notes]
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [{"id": "a", "word": "apple"}, {"id": "b", "word": "banana"}, {"id": "c", "word": "boom"}]
+        return [Task(word[0], word, ground_truth=word) for word in ("apple", "banana", "boom")]
 
-    def prompt(self, task):
-        return task["word"]
-
-    async def reward(self, trajectory, task):
-        if task["word"] == "boom":
+    async def reward(self, trajectory, episode):
+        if episode.task.ground_truth == "boom":
             raise ValueError("the reward exploded")
         seen = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
-        return Reward(1.0 if seen[-1] == task["word"] else 0.0, {"notes_seen": float(len(seen))})
+        return Reward(1.0 if seen[-1] == episode.task.ground_truth else 0.0, {"notes_seen": float(len(seen))})
 
 
 def test_concurrent_rollouts_of_a_stateful_tool_never_share_state(qwen_tokenizer, say, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sandbox_support import run
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.sandbox import SandboxLimits, SandboxPool, make_code_tool

@@ -8,10 +8,8 @@ Trajectory's token ids, never its text.
 
 from __future__ import annotations
 
-from typing import Any
-
-from agentboost.agent.provider import RolloutLimits
-from agentboost.envs.base import Environment
+from agentboost.agent.limits import RolloutLimits
+from agentboost.envs.base import Environment, Episode, Task
 from agentboost.tokens.trajectory import Trajectory
 
 TOPICS = ["rain", "bread", "chess", "rivers", "owls", "glass", "maps", "tea", "bees", "clocks", "snow", "ink"]
@@ -26,18 +24,18 @@ class FirstToken(Environment):
     def __init__(self, target_id: int) -> None:
         self.target_id = target_id
 
-    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         start = 0 if split == "train" else 500
         count = 16 if n is None else n
         return [
-            {"id": f"{split}-{seed}-{index}", "topic": f"{TOPICS[index % len(TOPICS)]} {start + index}"}
+            Task(
+                f"{split}-{seed}-{index}",
+                f"Name something about {TOPICS[index % len(TOPICS)]} {start + index}.",
+            )
             for index in range(count)
         ]
 
-    def prompt(self, task: dict[str, Any]) -> str:
-        return f"Name something about {task['topic']}."
-
-    def reward(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
         return float(trajectory.token_ids[trajectory.prompt_length] == self.target_id)
 
 
@@ -53,8 +51,8 @@ class KilledAfter(FirstToken):
         super().__init__(target_id)
         self.calls_left = calls
 
-    def reward(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
         self.calls_left -= 1
         if self.calls_left == 0:
             raise SimulatedKill()
-        return super().reward(trajectory, task)
+        return super().reward(trajectory, episode)

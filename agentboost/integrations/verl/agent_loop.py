@@ -29,7 +29,6 @@ token) becomes a valid output with an all-zero response mask, reward 0.0 and the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -40,10 +39,11 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 from verl.utils.rollout_trace import rollout_trace_op
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import resolve_limits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.registry import make_environment
+from agentboost.envs.task import Task
 from agentboost.integrations.verl.data import RowTask, read_row
 from agentboost.integrations.verl.engine import VerlServerEngine
 from agentboost.tokens.trajectory import Trajectory
@@ -104,8 +104,11 @@ class AgentBoostAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput:
         spec = read_row(row)
         environment = _environment(spec)
-        task = environment.task_from_dict(spec.task)
-        limits = self._limits(environment.limits)
+        task = Task.from_dict(spec.task)
+        limits = resolve_limits(
+            environment.limits,
+            caps={"max_response_tokens": self.response_length, "max_turns": self.max_assistant_turns},
+        )
         engine = VerlServerEngine(
             self.server_manager,
             request_id=self._request_id(row),
@@ -119,7 +122,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
             task,
             engine,
             self.tokenizer,
-            sampling=self._sampling(sampling_params, limits),
+            sampling=self._sampling(sampling_params),
             limits=limits,
             sample=int(row.get("session_id") or 0),
         )
@@ -127,25 +130,14 @@ class AgentBoostAgentLoop(AgentLoopBase):
 
     # --- settings from veRL ---------------------------------------------------------------------
 
-    def _limits(self, limits: RolloutLimits) -> RolloutLimits:
-        """The environment's limits within veRL's response budget (and multi_turn.max_assistant_turns)."""
-        budget = self.response_length
-        if limits.max_response_tokens is not None:
-            budget = min(budget, limits.max_response_tokens)
-        changes: dict[str, Any] = {"max_response_tokens": budget}
-        if self.max_assistant_turns is not None:
-            changes["max_turns"] = min(limits.max_turns, self.max_assistant_turns)
-        return dataclasses.replace(limits, **changes)
-
     @staticmethod
-    def _sampling(sampling_params: Mapping[str, Any], limits: RolloutLimits) -> SamplingParams:
+    def _sampling(sampling_params: Mapping[str, Any]) -> SamplingParams:
         """veRL's sampling dict (validation passes temperature 0: greedy) as agentboost SamplingParams."""
         top_k = sampling_params.get("top_k")
         return SamplingParams(
             temperature=float(sampling_params.get("temperature", 1.0)),
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=max(int(top_k), 0) if top_k is not None else 0,  # veRL's -1 is agentboost's 0: off
-            max_new_tokens=limits.max_new_tokens,
         )
 
     def _request_id(self, row: Mapping[str, Any]) -> str:

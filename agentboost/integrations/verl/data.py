@@ -10,7 +10,7 @@ One row per task, in the columns veRL's ``RLHFDataset`` passes to the agent loop
                    environment's reward and sets veRL's reward_score itself
     extra_info     {"index": int, "split": str, "task_id": str,
                     "environment": "package.module:Class", "environment_kwargs": JSON object text,
-                    "task": JSON object text (Environment.task_to_dict)}
+                    "task": JSON object text (Task.to_dict)}
 
 The environment is stored as an import reference (never a name registered only in this process) and the
 task as JSON text (so tasks of any shape share one parquet schema): any veRL worker on any node rebuilds
@@ -28,10 +28,9 @@ from typing import Any
 
 from agentboost.envs.base import Environment
 from agentboost.envs.registry import make_environment, parse_json_object
+from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.integrations.verl import AGENT_LOOP_NAME
-
-_GROUND_TRUTH_KEYS = ("ground_truth", "answer", "solution")
 
 
 @dataclass(frozen=True)
@@ -55,21 +54,17 @@ def environment_import_reference(environment: Environment) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def ground_truth(environment: Environment, task: Any) -> str:
-    """The task's reference answer as text: ``environment.ground_truth(task)`` if defined, else the task's
-    ``ground_truth`` / ``answer`` / ``solution`` field, else ''."""
-    custom = getattr(environment, "ground_truth", None)
-    if callable(custom):
-        value = custom(task)
-    else:
-        data = environment.task_to_dict(task)
-        value = next((data[key] for key in _GROUND_TRUTH_KEYS if key in data), "")
+def ground_truth(task: Task) -> str:
+    """The task's reference answer as text ('' when it has none)."""
+    value = task.ground_truth
+    if value is None:
+        return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def task_rows(
     environment: Environment,
-    tasks: Sequence[Any],
+    tasks: Sequence[Task],
     *,
     environment_kwargs: Mapping[str, Any] | None = None,
     split: str = "train",
@@ -81,21 +76,17 @@ def task_rows(
     kwargs_text = _json_text(dict(environment_kwargs or {}), "the environment kwargs")
     rows = []
     for index, task in enumerate(tasks):
-        task_id = environment.task_id(task)
-        task_data = environment.task_to_dict(task)
-        task_text = _json_text(task_data, f"task {task_id!r}")
-        if index == 0:
-            _check_round_trip(environment, task_data, task_id)
-        messages = []
-        if environment.system_prompt:
-            messages.append({"role": "system", "content": environment.system_prompt})
-        messages.append({"role": "user", "content": environment.prompt(task)})
+        task_id = task.id
+        task_text = _json_text(task.to_dict(), f"task {task_id!r}")
+        messages = task.messages
+        if environment.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": environment.system_prompt})
         rows.append(
             {
                 "data_source": data_source or environment.name,
                 "agent_name": agent_name,
                 "prompt": messages,
-                "reward_model": {"style": "rule", "ground_truth": ground_truth(environment, task)},
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(task)},
                 "extra_info": {
                     "index": index,
                     "split": split,
@@ -173,13 +164,3 @@ def _json_text(value: Any, what: str) -> str:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{what} cannot be written as JSON ({error}); make it plain data") from error
-
-
-def _check_round_trip(environment: Environment, task_data: dict[str, Any], task_id: str) -> None:
-    """A task must come back from its JSON as the same task, or workers would run something else."""
-    rebuilt = environment.task_from_dict(json.loads(_json_text(task_data, f"task {task_id!r}")))
-    if environment.task_id(rebuilt) != task_id:
-        raise ConfigError(
-            f"{type(environment).__name__}.task_from_dict(task_to_dict(task)) gives task "
-            f"{environment.task_id(rebuilt)!r}, not {task_id!r}: make the two methods inverse"
-        )
