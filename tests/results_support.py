@@ -12,10 +12,10 @@ from pathlib import Path
 
 from strands import tool
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.envs.base import Environment, Reward, RolloutResult
+from agentboost.envs.base import Environment, Episode, Reward, RolloutResult, Task
 from agentboost.rollout.results import ResultStore
 
 QUESTION = "What is (12 + 30) * 2?"
@@ -53,16 +53,13 @@ class ToolEnvironment(Environment):
     template = "qwen3"
     limits = RolloutLimits(max_turns=6, max_new_tokens=96)
 
-    def tools(self):
+    def tools(self, episode):
         return [add, multiply]
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [{"id": f"{split}-{i}", "question": QUESTION} for i in range(2)][:n]
+        return [Task(f"{split}-{i}", QUESTION) for i in range(2)][:n]
 
-    def prompt(self, task):
-        return task["question"]
-
-    def reward(self, trajectory, task):
+    def reward(self, trajectory, episode):
         correct = "Answer: 84" in trajectory.final_text
         return Reward(float(correct), {"correct": float(correct)})
 
@@ -102,11 +99,12 @@ def _one(tokenizer, im_end: int, turns: list[str], task_id: str, sample: int) ->
             info={"environment": "results_support:ToolEnvironment", "sample": sample},
         )
     )
-    reward, breakdown, error = asyncio.run(environment.score(trajectory, {"id": task_id}))
+    outcome = asyncio.run(environment.score(trajectory, Episode(Task(task_id, QUESTION), sample)))
     if task_id == "t-bad" and sample == 2:  # a reward that could not be computed: unscored
-        reward, breakdown, error = None, {}, "RuntimeError: grader unavailable"
-    trajectory.reward = reward
-    return RolloutResult(task_id, sample, trajectory, reward, breakdown, error)
+        outcome = "RuntimeError: grader unavailable"
+    if isinstance(outcome, str):
+        return RolloutResult(task_id, sample, trajectory, None, reward_error=outcome)
+    return RolloutResult(task_id, sample, trajectory, outcome.value, outcome.breakdown, outcome.info)
 
 
 def scripted_results(tokenizer, path: Path) -> Path:
@@ -176,13 +174,9 @@ def _hand(
             "latency_s": 1.0 + sample,
         },
         info={"environment": "coding"},
-        reward=reward,
     )
-    result = RolloutResult(task_id, sample, trajectory, reward, dict(breakdown or {}))
-    if reward is None:
-        result.reward_error = "grader crashed"
-    result.reward_info = dict(info or {})
-    return result
+    error = "grader crashed" if reward is None else None
+    return RolloutResult(task_id, sample, trajectory, reward, dict(breakdown or {}), dict(info or {}), error)
 
 
 def coding_fixture() -> list[RolloutResult]:

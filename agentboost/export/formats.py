@@ -173,12 +173,20 @@ class ToolSchemas:
 
 def tool_schemas_for(environment: str, kwargs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The OpenAI function schemas of an environment's tools (from one call of ``tools()``)."""
+    from agentboost.envs.base import Episode, Task
     from agentboost.envs.registry import make_environment
     from agentboost.tokens.templates import tool_specs_to_openai
 
     built = make_environment(environment, kwargs)
+    try:  # tools of a throwaway episode: schemas do not depend on the task
+        tools = built.tools(Episode(Task("agentboost-tool-schemas", "")))
+    except Exception as error:
+        raise ConfigError(
+            f"cannot list the tools of environment {environment!r} outside a rollout ({error}); "
+            "pass --tools FILE.json with the OpenAI function schemas"
+        ) from error
     specs = []
-    for tool in built.tools():
+    for tool in tools:
         spec = getattr(tool, "tool_spec", None)
         if spec is None:
             raise ConfigError(

@@ -12,18 +12,19 @@ from agentboost.rollout.results import read_results
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_default_model_eval_then_every_inspection_command(tmp_path, capsys):
     out = tmp_path / "eval.jsonl"
-    args = ["eval", "--env", "arithmetic", "-n", "2", "--samples", "2", "--out", str(out), "--quiet"]
-    assert main([*args, "--max-new-tokens", "64", "--max-turns", "3"]) == 0
+    args = ["eval", "--env", "arithmetic", "-n", "1", "--samples", "2", "--out", str(out), "--quiet"]
+    assert main([*args, "--max-new-tokens", "48", "--max-turns", "2"]) == 0
     report = json.loads((tmp_path / "eval.json").read_text())
-    assert report["rollouts"] == 4 and report["model"] == DEFAULT_MODEL
+    assert report["rollouts"] == 2 and report["model"] == DEFAULT_MODEL
     assert set(report["pass@k"]) == {"1", "2"} and report["tokens"]["generated_total"] > 0
     results = list(read_results(out))
-    assert len(results) == 4
+    assert len(results) == 2
 
     assert main(["stats", str(out), "-o", str(tmp_path / "stats")]) == 0
-    assert json.loads((tmp_path / "stats.json").read_text())["summary"]["rollouts"] == 4
+    assert json.loads((tmp_path / "stats.json").read_text())["summary"]["rollouts"] == 2
 
     page = tmp_path / "view.html"
     assert main(["view", str(out), "-o", str(page), "--tokenizer", DEFAULT_MODEL]) == 0

@@ -17,10 +17,10 @@ from agentboost.eval.evaluate import evaluate, load_report
 class FlakyGrader(ToolEnvironment):
     """The grader crashes on task test-1 sample 2: that sample is unscored, not wrong."""
 
-    def reward(self, trajectory, task):
-        if task["id"] == "test-1" and "Answer: 80" in trajectory.final_text:
+    def reward(self, trajectory, episode):
+        if episode.task.id == "test-1" and "Answer: 80" in trajectory.final_text:
             raise RuntimeError("grader unavailable")
-        return super().reward(trajectory, task)
+        return super().reward(trajectory, episode)
 
 
 def _engine(say):
@@ -82,7 +82,7 @@ class FirstTokenEven(ToolEnvironment):
     """Reward 1 when the model's first generated token id is even: a random model earns it about half
     the time, so pass@k and pass^k of real sampled rollouts are neither all 0 nor all 1."""
 
-    def reward(self, trajectory, task):
+    def reward(self, trajectory, episode):
         first = next((t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m), None)
         return float(first is not None and first % 2 == 0)
 
