@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, SamplingParams
 from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine

@@ -18,7 +18,7 @@ def _default_out(args: argparse.Namespace) -> Path:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
-    from agentboost.agent.provider import RolloutLimits
+    from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment, parse_json_object

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from agentboost.agent.provider import RolloutLimits
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
