@@ -135,7 +135,8 @@ class Notes(Environment):
         return [write_note, read_notes]
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [Task(word[0], word, ground_truth=word) for word in ("apple", "banana", "boom")]
+        words = ("apple", "banana", "boom")
+        return [Task(task_id, word, ground_truth=word) for task_id, word in zip("abc", words, strict=True)]
 
     async def reward(self, trajectory, episode):
         if episode.task.ground_truth == "boom":
