@@ -198,7 +198,7 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
             "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=4
         )
         try:
-            async with WorkerPool(spec, workers=2) as pool:
+            async with WorkerPool(spec, workers=2, restart_backoff_s=0.0) as pool:
                 with ResultStore(tmp_path / "w.jsonl") as store:
                     runner = asyncio.create_task(
                         run_jobs(
