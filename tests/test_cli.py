@@ -43,7 +43,10 @@ def test_rollout_writes_trajectories_and_a_summary(memorized_qwen3, qwen_tokeniz
     header, *lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert header["format"] == "agentboost.results" and header["run"]["environment"] == "arithmetic"
     assert all(line["trajectory"]["format"] == "agentboost.trajectory" for line in lines)
-    again = agentboost("rollout", "--model", str(memorized_qwen3), "-n", "3", "--out", str(out), cwd=tmp_path)
+    same = ["--max-new-tokens", "16", "--max-turns", "2"]  # a resume must use the run's settings
+    again = agentboost(
+        "rollout", "--model", str(memorized_qwen3), "-n", "3", *same, "--out", str(out), cwd=tmp_path
+    )
     assert again.returncode == 0 and "(3 already done" in again.stdout  # resumed: nothing re-run
     shown = agentboost("show", str(out), cwd=tmp_path)
     assert shown.returncode == 0 and '"role": "user"' in shown.stdout

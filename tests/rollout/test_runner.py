@@ -135,7 +135,8 @@ class Notes(Environment):
         return [write_note, read_notes]
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [Task(word[0], word, ground_truth=word) for word in ("apple", "banana", "boom")]
+        words = ("apple", "banana", "boom")
+        return [Task(task_id, word, ground_truth=word) for task_id, word in zip("abc", words, strict=True)]
 
     async def reward(self, trajectory, episode):
         if episode.task.ground_truth == "boom":
@@ -197,7 +198,7 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
             "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=4
         )
         try:
-            async with WorkerPool(spec, workers=2) as pool:
+            async with WorkerPool(spec, workers=2, restart_backoff_s=0.0) as pool:
                 with ResultStore(tmp_path / "w.jsonl") as store:
                     runner = asyncio.create_task(
                         run_jobs(
