@@ -89,6 +89,10 @@ def _text_of(content: Sequence[Mapping[str, Any]], role: str) -> str:
     return "\n".join(parts)
 
 
+_SUMMED_ENGINE_METRICS = ("prompt_cached_tokens", "prompt_computed_tokens")
+"""Engine counts a rollout adds up over its turns and reports in its trajectory metrics."""
+
+
 class TokenModel(Model):
     """Token-exact Strands provider for one rollout. Read :attr:`buffer`, :attr:`messages` after it ran."""
 
@@ -116,6 +120,8 @@ class TokenModel(Model):
         """The chat view of the rollout, for people and rewards."""
         self.last_turn: TurnRecord | None = None
         self.engine_s = 0.0
+        self.engine_counts: dict[str, float] = {}
+        """Sums of the engine's per-request counts (e.g. prompt_cached_tokens, prompt_computed_tokens)."""
         """Seconds spent awaiting the engine."""
         self._tool_schemas: dict[str, Any] = {}
         self._consumed = 0
@@ -164,6 +170,9 @@ class TokenModel(Model):
         generation = await self.engine.generate(buffer.token_ids, sampling)
         elapsed = time.perf_counter() - started
         self.engine_s += elapsed
+        for key in _SUMMED_ENGINE_METRICS:
+            if key in generation.metrics:
+                self.engine_counts[key] = self.engine_counts.get(key, 0) + generation.metrics[key]
 
         ids = generation.token_ids
         finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in self.stop_token_ids

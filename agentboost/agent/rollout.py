@@ -228,6 +228,7 @@ async def run_agent(
                 "total_tokens": len(token_ids),
                 "latency_s": elapsed,
                 "engine_s": model.engine_s,
+                **model.engine_counts,
             },
             info={"template": chat_template.name, "parser": parser, **(info or {})},
         )

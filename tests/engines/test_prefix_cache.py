@@ -393,3 +393,49 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
     assert cached.prefix_cache_stats().hit_rate > 0.5
     cached.close()
     uncached.close()
+
+
+def test_a_rollout_reports_its_cached_and_computed_prompt_tokens(model, qwen_tokenizer):
+    from conftest import add
+
+    from agentboost.agent.limits import RolloutLimits
+    from agentboost.agent.rollout import run_agent
+
+    engine = LocalEngine(model)
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    forced = qwen_tokenizer.encode(call, add_special_tokens=False)
+
+    async def two_turns():
+        # the first turn is forced to a tool call (a random tiny model would not make one), the second is free
+        original = engine.generate
+        calls = 0
+
+        async def generate(prompt_ids, sampling):
+            nonlocal calls
+            calls += 1
+            generation = await original(prompt_ids, sampling)
+            if calls == 1:
+                ids = [*forced, qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+                return Generation(
+                    ids, [-1.0] * len(ids), "stop", generation.prompt_tokens, generation.metrics
+                )
+            return generation
+
+        engine.generate = generate
+        return await run_agent(
+            engine,
+            qwen_tokenizer,
+            "What is 1 + 2?",
+            tools=[add],
+            template="qwen3",
+            sampling=SamplingParams(temperature=0),
+            limits=RolloutLimits(max_turns=2, max_new_tokens=4),
+        )
+
+    trajectory = run(two_turns())
+    metrics = trajectory.metrics
+    assert metrics["turns"] == 2
+    assert metrics["prompt_cached_tokens"] > 0  # the second turn reused the first turn's prompt
+    prompts = [segment.start for segment in trajectory.segments if segment.role == "assistant"]
+    assert metrics["prompt_cached_tokens"] + metrics["prompt_computed_tokens"] == sum(prompts)
+    engine.close()
