@@ -5,6 +5,8 @@ Both are measured one job at a time and with as many jobs in flight as there are
 bare runs, one pool worker per CPU). Rounds alternate between the two so that load from other processes
 on a shared machine hits both alike; the median round is printed. Wall-clock rates depend on that load;
 CPU time per run (this process, the workers and every job process, worker start-up included) does not.
+Also printed: graded HumanEval runs per second (check() in its own checker process, calling the program
+over a socket), as many in flight as there are CPUs.
 
     python benchmarks/bench_sandbox.py [--jobs 100] [--rounds 3]
 """
@@ -21,7 +23,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from agentboost.sandbox import SandboxPool, run_python
+from agentboost.sandbox import SandboxPool, run_humaneval_test, run_python
 
 CODE = "print(1)"
 
@@ -56,6 +58,23 @@ async def pooled(jobs: int, in_flight: int) -> tuple[float, float]:
     return jobs / elapsed, (cpu_seconds() - cpu) / jobs
 
 
+PROMPT = 'def add(x: int, y: int) -> int:\n    """Add two numbers."""\n'
+TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(20, 22) == 42\n"
+
+
+async def graded(jobs: int, in_flight: int) -> float:
+    async with SandboxPool(size=in_flight) as pool:
+        program = PROMPT + "    return x + y\n"
+        await run_humaneval_test(program, TEST, "add", pool=pool)  # warm-up
+        started = time.perf_counter()
+        reports = await asyncio.gather(
+            *(run_humaneval_test(program, TEST, "add", pool=pool) for _ in range(jobs))
+        )
+        elapsed = time.perf_counter() - started
+    assert all(report.all_passed for report in reports), reports[0].summary()
+    return jobs / elapsed
+
+
 async def one_off(jobs: int) -> float:
     started = time.perf_counter()
     for _ in range(jobs):
@@ -68,13 +87,14 @@ async def main(jobs: int, rounds: int) -> None:
     async with SandboxPool(size=1) as probe:
         print(f"protections on this machine:\n{probe.capabilities.summary()}\n")
     measured: dict[str, list[tuple[float, float]]] = {"bare1": [], "pool1": [], "bareN": [], "poolN": []}
-    oneoff = []
+    oneoff, checked = [], []
     for _ in range(rounds):
         measured["bare1"].append(bare(jobs, 1))
         measured["pool1"].append(await pooled(jobs, 1))
         measured["bareN"].append(bare(jobs, workers))
         measured["poolN"].append(await pooled(jobs, workers))
         oneoff.append(await one_off(max(10, jobs // 10)))
+        checked.append(await graded(max(10, jobs // 2), workers))
     rate = {name: statistics.median(r for r, _ in values) for name, values in measured.items()}
     cpu_ms = {name: 1000 * statistics.median(c for _, c in values) for name, values in measured.items()}
     print(f"{jobs} runs of {CODE!r} per measurement, median of {rounds} rounds, {workers} CPUs")
@@ -86,6 +106,9 @@ async def main(jobs: int, rounds: int) -> None:
             f"   ratio {rate[pool_key] / rate[bare_key]:.1f}x"
         )
     print(f"  one-off sandbox run_python (a worker started per run): {statistics.median(oneoff):.1f}/s")
+    print(
+        f"  graded HumanEval runs, {workers} in flight (checker process): {statistics.median(checked):.1f}/s"
+    )
 
 
 if __name__ == "__main__":

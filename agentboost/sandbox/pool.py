@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -42,6 +43,7 @@ from agentboost.sandbox.limits import (
     SandboxLimits,
     SandboxResult,
     SandboxStatus,
+    printable,
 )
 
 DEFAULT_PRELOAD = (
@@ -194,17 +196,27 @@ class SandboxPool:
         stdin: str = "",
         limits: SandboxLimits | None = None,
         files: Mapping[str, str] | None = None,
+        checker: str | None = None,
     ) -> SandboxResult:
         """Run ``code`` as ``python -c code`` would, in a fresh sandboxed process; never raises for
         anything the program does. ``files`` (relative path -> text) are written to its working directory
-        first. Cancelling the call kills the program."""
+        first. Cancelling the call kills the program.
+
+        ``checker``: trusted Python code (never the program's) that grades the program while it runs. It
+        runs in a process of its own in the same job, under a second uid the program can neither signal
+        nor trace, with the same limits; the two are connected by a Unix stream socket, file descriptor 3
+        in the program and ``CHANNEL_FD`` in the checker. The checker calls ``report(verdict: dict)``;
+        the verdict reaches ``result.checker_verdict`` only if it came with this run's secret, which the
+        checker reads from a pipe the program never holds (see :mod:`agentboost.sandbox.testcases`)."""
         limits = limits or self.limits
         checked_files = _checked_files(files)
         await self.start()
         worker = await self._acquire()
         job_id = next(self._job_ids)
         worker.job_id = job_id
-        task = asyncio.ensure_future(self._run_job(worker, job_id, code, stdin, limits, checked_files))
+        task = asyncio.ensure_future(
+            self._run_job(worker, job_id, code, stdin, limits, checked_files, checker)
+        )
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
         try:
@@ -221,12 +233,15 @@ class SandboxPool:
         stdin: str,
         limits: SandboxLimits,
         files: dict[str, str],
+        checker: str | None = None,
     ) -> SandboxResult:
         loop = asyncio.get_running_loop()
         payload_r, payload_w = os.pipe()
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
+        checker_r, checker_w = os.pipe() if checker is not None else (-1, -1)
+        nonce = secrets.token_hex(16)
         job = {
             "op": "run",
             "job": job_id,
@@ -236,14 +251,17 @@ class SandboxPool:
             "file_size_mb": limits.file_size_mb,
             "disk_mb": limits.disk_mb,
             "max_processes": limits.max_processes,
+            "max_open_files": limits.max_open_files,
             "network": limits.network,
+            "checker": checker is not None,
         }
         streams: list[_Feed | _Capture] = []
         try:
+            sent_fds = [payload_r, stdin_r, stdout_w, stderr_w] + ([checker_r] if checker is not None else [])
             try:
-                worker.send(job, fds=[payload_r, stdin_r, stdout_w, stderr_w])
+                worker.send(job, fds=sent_fds)
             finally:
-                for fd in (payload_r, stdin_r, stdout_w, stderr_w):
+                for fd in sent_fds:
                     os.close(fd)
             worker.sent = True
             if worker.kill_requested:  # cancelled before the job was even sent
@@ -251,6 +269,10 @@ class SandboxPool:
             payload = json.dumps({"code": code, "files": files}).encode()
             streams += [_Feed(loop, payload_w, payload), _Feed(loop, stdin_w, stdin.encode())]
             payload_w = stdin_w = -1
+            if checker is not None:
+                checker_payload = json.dumps({"code": checker, "nonce": nonce}).encode()
+                streams.append(_Feed(loop, checker_w, checker_payload))
+                checker_w = -1
             stdout = _Capture(loop, stdout_r, limits.max_output_bytes, worker.request_kill)
             stderr = _Capture(loop, stderr_r, limits.max_output_bytes, worker.request_kill)
             streams += [stdout, stderr]
@@ -260,7 +282,7 @@ class SandboxPool:
                 raise SandboxError(f"worker {worker.pid} answered for job {report.get('job')}, not {job_id}")
             await asyncio.wait([stdout.done, stderr.done], timeout=EOF_GRACE_S)
             network_isolated = not limits.network and self.capabilities.network_isolation
-            return _result(report, limits, stdout, stderr, network_isolated)
+            return _result(report, limits, stdout, stderr, network_isolated, nonce)
         except (OSError, EOFError, asyncio.TimeoutError, SandboxError, ValueError) as error:
             worker.alive = False
             detail = f"the sandbox worker failed ({type(error).__name__}: {error}); it will be replaced"
@@ -269,7 +291,7 @@ class SandboxPool:
             worker.job_id, worker.sent, worker.kill_requested = None, False, False
             for stream in streams:
                 stream.close()
-            for fd in (payload_w, stdin_w, stdout_r, stderr_r):
+            for fd in (payload_w, stdin_w, stdout_r, stderr_r, checker_w):
                 if fd >= 0:
                     os.close(fd)
             self._release(worker)
@@ -494,8 +516,17 @@ class _Feed:
 
 
 def _result(
-    report: dict[str, Any], limits: SandboxLimits, out: _Capture, err: _Capture, network_isolated: bool
+    report: dict[str, Any],
+    limits: SandboxLimits,
+    out: _Capture,
+    err: _Capture,
+    network_isolated: bool,
+    nonce: str = "",
 ) -> SandboxResult:
+    """How the job ended, from what the worker observed: its wall clock, the kernel's wait status, CPU
+    time and peak memory, and the output sizes. Text the program wrote never decides a status by itself:
+    stderr only names the error in ``detail`` (and confirms an allocation failure already seen in the
+    memory peak)."""
     stdout, stderr = out.text("stdout"), err.text("stderr")
     wait_status = report.get("wait_status")
     exit_code: int | None = None
@@ -511,6 +542,7 @@ def _result(
         else:
             exit_code = os.waitstatus_to_exitcode(wait_status)
     cpu_s = float(report.get("cpu_s", 0.0))
+    peak_mb = float(report.get("max_rss_kb", 0)) / 1024
     if report.get("setup_error"):
         status, detail = SandboxStatus.SANDBOX_ERROR, report["setup_error"]
     elif out.truncated or err.truncated:
@@ -527,9 +559,9 @@ def _result(
             SandboxStatus.SANDBOX_ERROR,
             "the job ended without an exit status (killed on request)",
         )
-    elif signal_name == "SIGXCPU" or (signal_name == "SIGKILL" and cpu_s >= limits.cpu_seconds):
+    elif signal_name in ("SIGXCPU", "SIGKILL") and cpu_s >= CPU_LIMIT_FRACTION * limits.cpu_seconds:
         status, detail = SandboxStatus.TIMEOUT, f"CPU-time limit of {limits.cpu_seconds} s reached"
-    elif exit_code != 0 and _MEMORY_SIGNATURE.search(stderr[-4096:]):
+    elif exit_code != 0 and _out_of_memory(stderr, peak_mb, limits):
         status, detail = SandboxStatus.MEMORY_EXCEEDED, f"out of memory (limit {limits.memory_mb} MiB)"
     elif signal_name is not None:
         status, detail = SandboxStatus.KILLED, f"killed by {signal_name}"
@@ -538,7 +570,7 @@ def _result(
     else:
         last_line = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
         status = SandboxStatus.RUNTIME_ERROR
-        detail = f"exit code {exit_code}" + (f": {last_line.strip()}" if last_line else "")
+        detail = f"exit code {exit_code}" + (f": {printable(last_line.strip())[:300]}" if last_line else "")
     return SandboxResult(
         status=status,
         exit_code=exit_code,
@@ -551,7 +583,33 @@ def _result(
         detail=detail,
         cpu_time_s=cpu_s,
         network_isolated=network_isolated,
+        peak_memory_mb=peak_mb,
+        checker_verdict=_verdict(report, nonce),
     )
+
+
+CPU_LIMIT_FRACTION = 0.75
+"""Share of the CPU limit the program's CPU time must reach for a SIGXCPU/SIGKILL to count as the limit
+(a timeout) rather than a signal it sent itself: the kernel fires the limit on its tick-sampled clock,
+which under load runs several percent ahead of the precise time wait4 reports (0.94 s seen for 1 s)."""
+MEMORY_PEAK_FRACTION = 0.5
+"""Share of memory_mb the program's resident peak must reach for an allocation failure to be reported as
+memory_exceeded: a program cannot earn that status by printing 'MemoryError'."""
+
+
+def _out_of_memory(stderr: str, peak_mb: float, limits: SandboxLimits) -> bool:
+    reached = peak_mb >= MEMORY_PEAK_FRACTION * limits.memory_mb
+    return reached and _MEMORY_SIGNATURE.search(stderr[-4096:]) is not None
+
+
+def _verdict(report: dict[str, Any], nonce: str) -> dict[str, Any] | None:
+    """The checker's verdict, if it carries this run's secret and the checker exited with status 0."""
+    verdict = report.get("checker")
+    if not isinstance(verdict, dict) or not nonce or report.get("checker_wait_status") != 0:
+        return None
+    if not secrets.compare_digest(str(verdict.get("nonce", "")), nonce):
+        return None
+    return {key: value for key, value in verdict.items() if key != "nonce"}
 
 
 def _checked_files(files: Mapping[str, str] | None) -> dict[str, str]:
@@ -622,6 +680,10 @@ def _capabilities(hello: dict[str, Any]) -> SandboxCapabilities:
         interpreter_readable=bool(steps["interpreter_readable"]),
         uid=int(hello["uid"]),
         notes=tuple(notes[name] for name in protocol.STEPS if name in notes),
+        minimal_filesystem=bool(steps["minimal_filesystem"]),
+        shared_memory_capped=bool(steps["ipc_limits"]),
+        keyring_isolation=bool(steps["keyring_isolation"]),
+        seccomp_filter=bool(steps["seccomp_filter"]),
     )
 
 
@@ -634,11 +696,12 @@ async def run_python(
     stdin: str = "",
     limits: SandboxLimits | None = None,
     files: Mapping[str, str] | None = None,
+    checker: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` once in a fresh sandbox (one worker started and stopped for it). For many runs, a
     :class:`SandboxPool` is several times faster: it keeps its workers warm."""
     async with SandboxPool(size=1, limits=limits, preload=()) as pool:
-        return await pool.run_python(code, stdin=stdin, files=files)
+        return await pool.run_python(code, stdin=stdin, files=files, checker=checker)
 
 
 def run_python_sync(

@@ -6,17 +6,44 @@
 - function-call tests (:func:`run_function_tests`), LiveCodeBench/DeepCoder style: the program defines
   ``class Solution`` with method ``func_name`` (called as ``Solution().func_name(*args)``) or a top-level
   function ``func_name``. ``input`` is either JSON text with one argument per line (``"[1, 2]\\n3"``) or
-  a list of arguments; ``output`` is JSON text or a value. Return values are compared as JSON (tuples
-  equal lists). Common imports (``typing``'s names, ``collections``, ``heapq``, ``math``...) are
-  available to the program, as on LeetCode.
-- HumanEval (:func:`run_humaneval_test`): the program (prompt plus completion), the dataset's ``test``
-  code and ``check(entry_point)``, run together; one test that passes when nothing raises.
+  a list of arguments; ``output`` is JSON text or a value. Return values are compared as JSON values
+  (tuples equal lists and 1 equals 1.0, but ``true`` equals only ``true``). Common imports (``typing``'s
+  names, ``collections``, ``heapq``, ``math``...) are available to the program, as on LeetCode.
+- HumanEval (:func:`run_humaneval_test`): the dataset's ``check(candidate)`` runs against the program's
+  ``entry_point``; one test, passed when check() returns.
 
 Each test case is one sandbox run of its own (a fresh process from the pool), run concurrently up to the
 pool's size. So one test's crash, timeout or memory blow-up is reported for that test alone, no state
-leaks from one test to the next, and per-test limits are exact. For stdin/stdout and function-call tests
-the expected outputs never enter the sandbox: the program's output is compared here, so a program cannot
-read the answers it is graded against. (HumanEval's asserts are code and must run inside.)
+leaks from one test to the next, and per-test limits are exact.
+
+Threat model. The graded program is written by a policy optimised against these verdicts: it will try
+whatever turns a wrong program into a pass. It controls everything inside its own process (the
+interpreter, builtins, frames, exit paths, the objects it returns), its stdout and stderr, and whatever
+its sandbox can reach. So what decides a pass never lives there:
+
+- Expected outputs and test code are never in the program's process or filesystem view. Expected
+  stdout and expected return values stay in the supervisor (this process), which does the comparing.
+  HumanEval's check() runs in a separate *checker* process of the same job, under another uid (the
+  program can neither signal, trace nor read it), which reads the test code from a pipe the program
+  never holds and calls the program's function over a socket (``checker`` of
+  :meth:`SandboxPool.run_python <agentboost.sandbox.pool.SandboxPool.run_python>`).
+- Only plain data crosses from the program: JSON, which the receiver turns into built-in values only
+  (None, bool, int, float, str, list, tuple, dict, set, bytes, complex; anything else becomes an opaque
+  value equal only to itself). An object whose ``__eq__`` always answers True, an int subclass, a patched
+  ``json``, ``repr`` or builtin inside the program's process change nothing outside it.
+- A pass needs a positive result observed outside the program: the supervisor's comparison, or the
+  checker's verdict, which counts only if it carries a per-run secret the program never sees, arrives on
+  the status pipe the program does not hold, and comes from a checker that exited cleanly. Exiting early
+  (``sys.exit(0)``, ``os._exit(0)``, a signal to itself), at the top level or inside the graded function,
+  ends the run without a verdict: a failure, never a pass.
+- Statuses come from what the supervisor observed (exit status, CPU time, peak memory, output size),
+  never from text the program printed; text shown in reports has its control sequences escaped.
+- The filesystem view holds no host files (no dataset, hidden-test file or checkout to read), and
+  installed packages are hidden unless the pool was started with ``site=True``.
+
+Out of scope: a program that computes the right answers, even by special-casing the inputs it sees, is
+not a hack a grader can tell apart (hold tests out for that); kernel bugs under the namespaces, seccomp
+and rlimits are beyond what this harness defends.
 """
 
 from __future__ import annotations
@@ -31,8 +58,8 @@ from enum import Enum
 from typing import Any
 
 from agentboost.errors import ConfigError
-from agentboost.sandbox.limits import SandboxLimits, SandboxResult, SandboxStatus
-from agentboost.sandbox.pool import SandboxPool
+from agentboost.sandbox.limits import SandboxLimits, SandboxResult, SandboxStatus, printable
+from agentboost.sandbox.pool import MEMORY_PEAK_FRACTION, SandboxPool
 
 SHOWN_CHARS = 500
 """Expected and actual outputs kept in a TestResult are cut to this many characters."""
@@ -264,17 +291,28 @@ async def run_function_tests(
             return TestResult(
                 index, TestStatus.RUNTIME_ERROR, detail, shown_expected, None, result.duration_s
             )
-        outcome = json.loads(marked[-1][len(_RESULT_MARKER) :])
+        try:
+            outcome = json.loads(marked[-1][len(_RESULT_MARKER) :])
+            if not isinstance(outcome, dict) or not isinstance(outcome.get("ok"), bool):
+                raise ValueError("not a result object")
+        except ValueError:
+            detail = "the program wrote a malformed line on the result channel"
+            status = TestStatus.RUNTIME_ERROR
+            return TestResult(index, status, detail, shown_expected, None, result.duration_s)
         if not outcome["ok"]:
-            error = outcome["error"]
-            status = TestStatus.MEMORY_EXCEEDED if _MEMORY_ERROR.search(error) else TestStatus.RUNTIME_ERROR
-            return TestResult(index, status, _last_line(error), shown_expected, None, result.duration_s)
+            error = str(outcome.get("error", ""))
+            status = TestStatus.RUNTIME_ERROR
+            if _MEMORY_ERROR.search(error) and _memory_peaked(result, limits or sandbox.limits):
+                status = TestStatus.MEMORY_EXCEEDED
+            detail = _cut(_last_line(error), 300) or ""
+            return TestResult(index, status, detail, shown_expected, None, result.duration_s)
         if "unserializable" in outcome:
-            detail = f"returned a {outcome['unserializable']}, which is not a JSON value: {outcome['repr']}"
+            kind, shown = str(outcome["unserializable"]), str(outcome.get("repr", ""))
+            detail = _cut(f"returned a {kind}, which is not a JSON value: {shown}", 300) or ""
             return TestResult(index, TestStatus.WRONG_ANSWER, detail, shown_expected, None, result.duration_s)
-        actual = outcome["value"]
+        actual = outcome.get("value")
         shown_actual = _cut(json.dumps(actual))
-        if actual == expected:
+        if same_value(expected, actual):
             return TestResult(index, TestStatus.PASSED, "", shown_expected, shown_actual, result.duration_s)
         detail = f"expected {_cut(json.dumps(expected), 80)}, got {_cut(json.dumps(actual), 80)}"
         return TestResult(
@@ -282,6 +320,27 @@ async def run_function_tests(
         )
 
     return await _run_cases(len(cases), run_case, pool, fail_fast)
+
+
+def same_value(expected: Any, actual: Any) -> bool:
+    """JSON values equal as the grader sees them: numbers by value (1 == 1.0), but a boolean equals only a
+    boolean, and containers element by element under the same rules."""
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(expected) is type(actual) and expected == actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return expected == actual
+    if type(expected) is not type(actual):
+        return False
+    if isinstance(expected, list):
+        return len(expected) == len(actual) and all(map(same_value, expected, actual))
+    if isinstance(expected, dict):
+        return expected.keys() == actual.keys() and all(same_value(expected[k], actual[k]) for k in expected)
+    return bool(expected == actual)
+
+
+def _memory_peaked(result: SandboxResult, limits: SandboxLimits) -> bool:
+    """The kernel saw the program's memory reach the share of its limit that makes a MemoryError real."""
+    return result.peak_memory_mb >= MEMORY_PEAK_FRACTION * limits.memory_mb
 
 
 def _arguments(test_input: Any, index: int) -> list[Any]:
@@ -306,6 +365,234 @@ def _expected_value(test_output: Any, index: int) -> Any:
 
 # --- HumanEval -----------------------------------------------------------------------------------------
 
+# Values crossing between the program and the checker: JSON with one-key objects for what JSON lacks. The
+# receiver rebuilds built-in values only: whatever objects the sender had, they do not cross.
+_CODEC = r'''
+import json as _json, struct as _struct
+
+_HEADER = _struct.Struct(">I")
+_MAX_MESSAGE = 64 << 20
+
+
+class _Opaque:
+    """A value of a type that does not cross processes: equal only to itself, as a fresh object is."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __repr__(self):
+        return "<" + self.kind + " object returned by the program>"
+
+
+def _encode(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value  # json writes the plain value of a subclass
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(item) for item in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(key), _encode(item)] for key, item in value.items()]}
+    if isinstance(value, (set, frozenset)):
+        return {"frozenset" if isinstance(value, frozenset) else "set": [_encode(item) for item in value]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, complex):
+        return {"complex": [value.real, value.imag]}
+    return {"opaque": type(value).__name__[:100]}
+
+
+def _decode(data):
+    kind = type(data)
+    if data is None or kind in (bool, int, float, str):
+        return data
+    if kind is list:
+        return [_decode(item) for item in data]
+    if kind is dict and len(data) == 1:
+        ((tag, body),) = data.items()
+        if tag == "opaque" and type(body) is str:
+            return _Opaque(body)
+        if tag == "bytes" and type(body) is str:
+            return bytes.fromhex(body)
+        if type(body) is list:
+            if tag == "tuple":
+                return tuple(_decode(item) for item in body)
+            if tag == "set":
+                return {_decode(item) for item in body}
+            if tag == "frozenset":
+                return frozenset(_decode(item) for item in body)
+            if tag == "dict" and all(type(pair) is list and len(pair) == 2 for pair in body):
+                return {_decode(key): _decode(item) for key, item in body}
+            if tag == "complex" and len(body) == 2 and all(type(part) in (int, float) for part in body):
+                return complex(body[0], body[1])
+    raise ValueError("malformed value")
+
+
+def _send(channel, message):
+    body = _json.dumps(message).encode()
+    channel.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _read_exactly(channel, size):
+    data = b""
+    while len(data) < size:
+        chunk = channel.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _receive(channel):
+    """The next message, or None at the end of the stream."""
+    header = _read_exactly(channel, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > _MAX_MESSAGE:
+        raise ValueError("message too long")
+    body = _read_exactly(channel, length)
+    if body is None:
+        return None
+    message = _json.loads(body)
+    if type(message) is not dict:
+        raise ValueError("malformed message")
+    return message
+'''
+
+# Runs as the program: defines the solution, then answers the checker's calls until it hangs up. The
+# program's code runs in this same process, so nothing here is trusted: it only turns calls into values.
+_CANDIDATE_HARNESS = (
+    _CODEC
+    + r"""
+import json, linecache, os, socket, sys, traceback
+_payload = json.loads(sys.stdin.read())
+sys.stdin = open(os.devnull)
+_channel = socket.socket(fileno=3)
+_source, _name = _payload["program"], _payload["entry_point"]
+del _payload
+linecache.cache["<solution>"] = (len(_source), None, _source.splitlines(True), "<solution>")
+_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+try:
+    exec(compile(_source, "<solution>", "exec"), _namespace)
+except SystemExit:
+    raise
+except BaseException as _error:
+    traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
+    sys.exit(1)
+while True:
+    _request = _receive(_channel)
+    if _request is None:
+        break
+    try:
+        _function = _namespace.get(_name)
+        if not callable(_function):
+            raise NameError(f"the program does not define a function {_name}")
+        _args = _decode(_request["args"])
+        _kwargs = {key: _decode(value) for key, value in _request["kwargs"].items()}
+        _reply = {"value": _encode(_function(*_args, **_kwargs))}
+    except BaseException as _error:
+        traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
+        try:
+            _message = str(_error)[:500]
+        except BaseException:
+            _message = ""
+        _reply = {"error": [type(_error).__name__[:100], _message]}
+    sys.stdout.flush()
+    try:
+        _send(_channel, _reply)
+    except (TypeError, ValueError) as _error:
+        _send(_channel, {"error": ["TypeError", f"the return value cannot be sent to check(): {_error}"]})
+"""
+)
+
+# Runs in the checker process (trusted): the dataset's prompt helpers and test code, with ``candidate`` a
+# proxy that calls the program over the socket. ``report`` and ``CHANNEL_FD`` come from the sandbox.
+_CHECKER_HARNESS = (
+    _CODEC
+    + r'''
+import builtins, linecache, socket
+
+
+class _CandidateGone(BaseException):
+    """The program ended, or broke the protocol, before check() finished (not catchable as Exception)."""
+
+
+_channel = socket.socket(fileno=CHANNEL_FD)
+_raised = []
+
+
+def _candidate_error(name, message):
+    kind = getattr(builtins, name, None) if type(name) is str else None
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        kind, message = RuntimeError, f"{name}: {message}"
+    try:
+        error = kind(str(message))
+    except Exception:
+        error = RuntimeError(f"{name}: {message}")
+    _raised.append(error)
+    return error
+
+
+def candidate(*args, **kwargs):
+    try:
+        _send(_channel, {"args": _encode(list(args)), "kwargs": {k: _encode(v) for k, v in kwargs.items()}})
+        reply = _receive(_channel)
+    except (OSError, ValueError) as error:
+        raise _CandidateGone(f"the program broke its connection to check() ({error})") from None
+    if reply is None:
+        raise _CandidateGone("the program ended before check() finished")
+    try:
+        if "value" in reply:
+            return _decode(reply["value"])
+        name, message = reply["error"]
+    except (KeyError, TypeError, ValueError):
+        raise _CandidateGone("the program sent check() a malformed answer") from None
+    raise _candidate_error(name, message)
+
+
+candidate.__name__ = candidate.__qualname__ = ENTRY_POINT
+
+
+def _assertion_site(error):
+    site = ""
+    trace = error.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code.co_filename == "<test>":
+            site = linecache.getline("<test>", trace.tb_lineno).strip()
+        trace = trace.tb_next
+    message = str(error)
+    return site + (f" ({message})" if message else "")
+
+
+def _run():
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    if PROMPT is not None:
+        exec(compile(PROMPT, "<prompt>", "exec"), namespace)
+    namespace[ENTRY_POINT] = candidate
+    linecache.cache["<test>"] = (len(TEST), None, TEST.splitlines(True), "<test>")
+    exec(compile(TEST, "<test>", "exec"), namespace)
+    try:
+        namespace["check"](candidate)
+    except _CandidateGone as gone:
+        return {"outcome": "candidate_gone", "detail": str(gone)}
+    except BaseException as error:
+        detail = f"{type(error).__name__}: {error}"
+        if _raised and error is _raised[-1]:
+            return {"outcome": "candidate_error", "error_type": type(error).__name__, "detail": detail}
+        if isinstance(error, AssertionError):
+            return {"outcome": "assertion", "detail": _assertion_site(error)}
+        if isinstance(error, NameError) and PROMPT is None:
+            return {"outcome": "missing_name", "detail": detail}
+        return {"outcome": "check_error", "detail": detail}
+    return {"outcome": "passed"}
+
+
+report(_run())
+_channel.close()
+'''
+)
+
 
 async def run_humaneval_test(
     program: str,
@@ -314,35 +601,65 @@ async def run_humaneval_test(
     *,
     pool: SandboxPool | None = None,
     limits: SandboxLimits | None = None,
+    prompt: str | None = None,
 ) -> TestReport:
-    """Run ``program`` (the prompt and the completion), then the dataset's ``test`` code and
-    ``check(entry_point)``. Passes when nothing raises; a failing assert is a wrong answer."""
+    """Run the dataset's ``test`` code and ``check(candidate)`` against ``entry_point`` as ``program`` (the
+    prompt and the completion) defines it. Passes when check() returns; a failing assert is a wrong
+    answer. check() runs in a checker process the program cannot reach (see the module's threat model).
+
+    ``prompt``: the dataset's prompt (trusted). Pass it when the test code uses helpers the prompt defines
+    (HumanEval/32 ``poly``, /38 ``encode_cyclic``, /50 ``encode_shift``): the checker defines them from
+    the prompt, never from the program, which could redefine them. Without it such a test ends as
+    sandbox_error saying so."""
     if not entry_point.isidentifier():
         raise ConfigError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    code = f"{program}\n\n{test}\n\ncheck({entry_point})\n"
+    checker = f"ENTRY_POINT = {entry_point!r}\nTEST = {test!r}\nPROMPT = {prompt!r}\n" + _CHECKER_HARNESS
+    stdin = json.dumps({"program": program, "entry_point": entry_point})
 
     async def run_case(sandbox: SandboxPool, index: int) -> TestResult:
-        result = await sandbox.run_python(code, limits=limits)
-        if result.ok:
-            return TestResult(index, TestStatus.PASSED, duration_s=result.duration_s)
-        failure = _failed(index, result, None)
-        if result.status is SandboxStatus.RUNTIME_ERROR and _last_line(result.stderr).startswith(
-            "AssertionError"
-        ):
-            failure.status = TestStatus.WRONG_ANSWER
-            failure.detail = "an assertion in check() failed: " + _assertion_site(result.stderr)
-        return failure
+        result = await sandbox.run_python(_CANDIDATE_HARNESS, stdin=stdin, limits=limits, checker=checker)
+        return _humaneval_result(index, result, limits or sandbox.limits)
 
     return await _run_cases(1, run_case, pool, fail_fast=False)
 
 
-def _assertion_site(stderr: str) -> str:
-    """The source line of the innermost frame of a traceback (the failing assert)."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for position in range(len(lines) - 1, 0, -1):
-        if lines[position - 1].startswith("File "):
-            return _cut(lines[position], 200)
-    return _last_line(stderr)
+_CHECKER_OUTCOMES = {
+    "passed": TestStatus.PASSED,
+    "assertion": TestStatus.WRONG_ANSWER,
+    "candidate_error": TestStatus.RUNTIME_ERROR,
+    "check_error": TestStatus.RUNTIME_ERROR,
+    "candidate_gone": TestStatus.RUNTIME_ERROR,
+    "missing_name": TestStatus.SANDBOX_ERROR,
+}
+"""The checker's outcomes (see _CHECKER_HARNESS) and the status each gives; anything else is a
+sandbox_error."""
+
+
+def _humaneval_result(index: int, result: SandboxResult, limits: SandboxLimits) -> TestResult:
+    verdict = result.checker_verdict
+    if result.status in (SandboxStatus.TIMEOUT, SandboxStatus.OUTPUT_TRUNCATED) or verdict is None:
+        if result.ok:  # the checker died (its limits, exhausted by what the program returned): no pass
+            detail = "the checker ended without a verdict"
+            return TestResult(index, TestStatus.RUNTIME_ERROR, detail, duration_s=result.duration_s)
+        return _failed(index, result, None)
+    outcome, detail = str(verdict.get("outcome")), str(verdict.get("detail", ""))
+    status = _CHECKER_OUTCOMES.get(outcome, TestStatus.SANDBOX_ERROR)
+    if outcome == "assertion":
+        detail = "an assertion in check() failed: " + detail
+    elif outcome == "candidate_error" and verdict.get("error_type") == "MemoryError":
+        if _memory_peaked(result, limits):
+            status = TestStatus.MEMORY_EXCEEDED
+    elif outcome == "check_error":
+        detail = f"check() failed on what the program returned: {detail}"
+    elif outcome == "missing_name":
+        detail = f"the test code needs a helper that the dataset's prompt defines ({detail}): pass prompt="
+    elif outcome == "candidate_gone":
+        if result.status is not SandboxStatus.OK:
+            return _failed(index, result, None)
+        detail = "the program exited before check() finished"
+    elif outcome == "checker_error":
+        detail = f"the checker failed: {detail}"
+    return TestResult(index, status, _cut(detail, 300) or "", duration_s=result.duration_s)
 
 
 # --- shared --------------------------------------------------------------------------------------------
@@ -380,7 +697,7 @@ async def _run_cases(
 def _failed(index: int, result: SandboxResult, expected: str | None) -> TestResult:
     detail = result.detail
     if result.status is SandboxStatus.RUNTIME_ERROR and result.stderr.strip():
-        detail = _last_line(result.stderr)
+        detail = _cut(_last_line(result.stderr), 300) or ""
     actual = _cut(result.stdout) if result.stdout else None
     return TestResult(index, _FROM_SANDBOX[result.status], detail, _cut(expected), actual, result.duration_s)
 
@@ -396,6 +713,10 @@ def _last_line(text: str) -> str:
 
 
 def _cut(text: str | None, limit: int = SHOWN_CHARS) -> str | None:
-    if text is None or len(text) <= limit:
+    """``text`` made safe to show (control sequences escaped) and cut to ``limit`` characters."""
+    if text is None:
+        return None
+    text = printable(text)
+    if len(text) <= limit:
         return text
     return text[:limit] + f"... [{len(text) - limit} more characters]"

@@ -6,7 +6,7 @@ from typing import Any
 
 from strands import tool
 
-from agentboost.sandbox.limits import SandboxLimits, SandboxResult
+from agentboost.sandbox.limits import SandboxLimits, SandboxResult, printable
 from agentboost.sandbox.pool import SandboxPool, run_python
 
 
@@ -54,21 +54,20 @@ def make_code_tool(
 
 
 def format_report(result: SandboxResult, max_chars: int = 4000) -> str:
-    """A compact text report of a run: status line, then stdout and stderr (each shortened to fit)."""
+    """A compact text report of a run: status line, then stdout and stderr (each shortened to fit), with
+    control sequences escaped so that the program's output cannot drive the terminal it is shown on."""
     status = f"status: {result.status.value}"
     if result.exit_code is not None:
         status += f", exit code {result.exit_code}"
     status += f", {result.duration_s:.2f} s"
     if result.detail and not result.ok:
-        status += f"\n{result.detail}"
+        status += f"\n{printable(result.detail)}"
+    stdout, stderr = printable(result.stdout), printable(result.stderr)
     budget = max(200, max_chars - len(status))
-    stdout_budget = budget // 2 if result.stderr else budget
-    sections = [
-        status,
-        "stdout:\n" + _shorten(result.stdout, stdout_budget) if result.stdout else "stdout: (empty)",
-    ]
-    if result.stderr:
-        sections.append("stderr:\n" + _shorten(result.stderr, budget - stdout_budget))
+    stdout_budget = budget // 2 if stderr else budget
+    sections = [status, "stdout:\n" + _shorten(stdout, stdout_budget) if stdout else "stdout: (empty)"]
+    if stderr:
+        sections.append("stderr:\n" + _shorten(stderr, budget - stdout_budget))
     return "\n".join(sections)
 
 

@@ -6,24 +6,29 @@ library: the interpreter it runs in is the interpreter the untrusted programs ge
 
 One job, as root (the normal case on our machines and in CI)::
 
-    zygote ──fork──> init    pid 1 of a new pid namespace; a new mount namespace with a tmpfs working
-      (waits,           │    directory, /proc showing only the job, everything else read-only
-       kills on         └──fork──> program   rlimits (CPU, address space, file size, processes, core),
-       timeout)                              an unprivileged uid of its own, no_new_privs; runs the code
+    zygote ──fork──> init    pid 1 of a new pid namespace; a new IPC namespace with every System V and
+      (waits,           │    POSIX-queue limit at zero; a copy of the zygote's minimal root (below)
+       kills on         │    with a fresh tmpfs at /job and a /proc showing only the job
+       timeout)         ├──fork──> checker   (only for graded runs) trusted test code under a second uid,
+                        │                    talking to the program over a socket; writes the verdict
+                        └──fork──> program   rlimits (CPU, address space, file size, processes, open
+                                             files, message queues, core), an unprivileged uid of its
+                                             own, no_new_privs, fresh keyrings, a seccomp filter
+
+The minimal root is built once per zygote: an empty read-only tmpfs holding only what a Python program
+needs, bind-mounted read-only from the host: the interpreter, its standard library (site-packages
+hidden unless the pool asked for them), /usr/bin and /usr/lib, a few public files of /etc, five device
+nodes. Host files (/root, /home, /work, /tmp, /run with its sockets, datasets, checkouts) are not in it.
 
 The zygote itself lives in an empty network namespace, which its jobs inherit (see ``Zygote.__init__``).
 The program process is what a bare ``python -c CODE`` would be, except that it is forked from this warm
 interpreter instead of started from scratch (no interpreter start-up on the critical path). When it
 exits, init reports its status and exits, and the kernel kills everything left in the pid namespace:
-no descendant outlives its job. Job contents (code, files, stdin) never pass through the zygote, so no
-job can find another job's data in the memory it inherits.
+no descendant outlives its job. Job contents (code, files, stdin, test code) never pass through the
+zygote or init, so no job can find another job's data, or its own tests, in the memory it inherits.
 
-The program's uid cannot traverse directories such as /root (mode 0700), where the interpreter may be
-installed (pyenv): in the job's mount namespace such a directory is covered by an empty tmpfs and only
-the interpreter's own directories are bind-mounted back, so the standard library stays importable.
-
-Without root, or where the kernel refuses a namespace, the matching protection is skipped and
-reported: the zygote probes every step once at start-up and reports what works in its hello message.
+Without root, or where the kernel refuses a namespace or a filter, the matching protection is skipped
+and reported: the zygote probes every step once at start-up and reports what works in its hello message.
 """
 
 from __future__ import annotations
@@ -57,14 +62,22 @@ from collections.abc import Callable
 
 HEADER = struct.Struct(">I")
 JOB_FDS = 4
-"""File descriptors sent with each job: payload pipe (read), stdin (read), stdout and stderr (write)."""
+"""File descriptors sent with each job: payload pipe (read), stdin (read), stdout and stderr (write);
+a graded job (``"checker": true``) adds a fifth, the checker's payload pipe (read)."""
+MAX_JOB_FDS = JOB_FDS + 1
+JOB_DIR = "/job"
+"""The working directory of every job inside the minimal root."""
 STEPS = (
     "pid_namespace",
     "mount_namespace",
+    "minimal_filesystem",
     "ipc_namespace",
+    "ipc_limits",
     "network_namespace",
     "unprivileged_uid",
     "interpreter_readable",
+    "keyring_isolation",
+    "seccomp_filter",
 )
 """Protection steps the probe tries; the hello message reports which of them work here."""
 LOST = {
@@ -75,7 +88,13 @@ LOST = {
     "ipc_namespace": "System V shared memory, semaphores and message queues a program creates outlive "
     "its job and are visible to other jobs",
     "network_namespace": "programs can reach the network",
+    "minimal_filesystem": "programs see the host's files read-only (world-readable datasets, checkouts and "
+    "socket files included)",
+    "ipc_limits": "System V shared memory and message queues are not capped by the memory limit",
     "interpreter_readable": "programs can import only the modules the worker preloaded",
+    "keyring_isolation": "kernel keys a program adds can be read by a later job of the same worker",
+    "seccomp_filter": "programs may call keyctl, unshare, mount, ptrace, bpf, memfd_create, io_uring and "
+    "other system calls they have no business making (kernel attack surface; memfd memory is uncapped)",
 }
 """What is lost when a step is unavailable, for the capability notes."""
 
@@ -102,6 +121,7 @@ _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.syscall.restype = ctypes.c_long
 
 
@@ -150,6 +170,197 @@ def _prctl(option: int, value: int) -> None:
     _check(_libc.prctl(option, value, 0, 0, 0), f"prctl {option}")
 
 
+MNT_DETACH = 0x2
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+NAMESPACE_FLAGS = 0x7E020000
+"""CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone() may create none of them."""
+
+# System calls an untrusted program has no business making, with their numbers on x86_64 and aarch64:
+# other processes, namespaces and mounts, kernel keyrings (not namespaced), kernel attack surface (bpf,
+# perf, userfaultfd, io_uring), anonymous memory files (outside the address-space limit), the machine.
+# clone and clone3 are filtered separately (see _seccomp_program).
+_SYSCALL_TABLE = """
+ptrace                101  117
+process_vm_readv      310  270
+process_vm_writev     311  271
+kcmp                  312  272
+pidfd_getfd           438  438
+process_madvise       440  440
+unshare               272   97
+setns                 308  268
+mount                 165   40
+umount2               166   39
+pivot_root            155   41
+chroot                161   51
+open_tree             428  428
+move_mount            429  429
+fsopen                430  430
+fsconfig              431  431
+fsmount               432  432
+fspick                433  433
+mount_setattr         442  442
+name_to_handle_at     303  264
+open_by_handle_at     304  265
+keyctl                250  219
+add_key               248  217
+request_key           249  218
+bpf                   321  280
+perf_event_open       298  241
+userfaultfd           323  282
+io_uring_setup        425  425
+io_uring_enter        426  426
+io_uring_register     427  427
+memfd_create          319  279
+memfd_secret          447  447
+kexec_load            246  104
+kexec_file_load       320  294
+init_module           175  105
+finit_module          313  273
+delete_module         176  106
+reboot                169  142
+swapon                167  224
+swapoff               168  225
+acct                  163   89
+quotactl              179   60
+syslog                103  116
+vhangup               153   58
+settimeofday          164  170
+clock_settime         227  112
+clock_adjtime         305  266
+lookup_dcookie        212   18
+nfsservctl            180   42
+fanotify_init         300  262
+move_pages            279  239
+migrate_pages         256  238
+clone                  56  220
+clone3                435  435
+"""
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYSCALLS = {
+    machine: {row.split()[0]: int(row.split()[column]) for row in _SYSCALL_TABLE.strip().splitlines()}
+    for column, machine in ((1, "x86_64"), (2, "aarch64"))
+}
+_SOCKET = {"x86_64": 41, "aarch64": 198}
+AF_VSOCK = 40
+_MACHINE = os.uname().machine
+_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(_MACHINE)
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(_MACHINE)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _seccomp_program() -> ctypes.Array[_SockFilter]:
+    """A classic-BPF seccomp filter: EPERM for the denied calls and for clone() with namespace flags,
+    ENOSYS for clone3() (its flags are out of the filter's reach; libc falls back to clone), kill for
+    another architecture's calling convention, allow the rest."""
+    if _MACHINE not in _SYSCALLS:
+        raise OSError(errno.ENOSYS, f"no seccomp syscall table for {_MACHINE}")
+    arch, numbers = _AUDIT_ARCH[_MACHINE], _SYSCALLS[_MACHINE]
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    code: list[tuple[int, int, int, int]] = [
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, kill),
+        (load, 0, 0, 0),  # seccomp_data.nr
+    ]
+    if _MACHINE == "x86_64":  # the x32 ABI: same numbers plus bit 30
+        code += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    for name in (name for name in numbers if name not in ("clone", "clone3")):
+        code += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, eperm)]
+    code += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, enosys)]
+    # socket(AF_VSOCK): in a virtual machine, a way to the hypervisor's host that no namespace covers
+    code += [
+        (jeq, 0, 4, _SOCKET[_MACHINE]),
+        (load, 0, 0, 16),  # args[0], the address family
+        (jeq, 0, 1, AF_VSOCK),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
+    code += [
+        (jeq, 0, 4, numbers["clone"]),
+        (load, 0, 0, 16),  # low 32 bits of args[0], the flags (little-endian)
+        (jset, 0, 1, NAMESPACE_FLAGS),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, allow),
+    ]
+    return (_SockFilter * len(code))(*(_SockFilter(c, t, f, k) for c, t, f, k in code))
+
+
+_SECCOMP_FILTER: ctypes.Array[_SockFilter] | None = None
+
+
+def _install_seccomp() -> None:
+    global _SECCOMP_FILTER
+    if _SECCOMP_FILTER is None:
+        _SECCOMP_FILTER = _seccomp_program()
+    program = _SockFprog(len(_SECCOMP_FILTER), _SECCOMP_FILTER)
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0), "seccomp filter"
+    )
+
+
+def _fresh_keyrings() -> None:
+    """A new, empty session keyring, and this uid's user keyrings emptied: nothing a previous job (or a
+    previous pool with this uid) stored is left to read."""
+    if _KEYCTL is None:
+        raise OSError(errno.ENOSYS, f"no keyctl syscall number for {_MACHINE}")
+    keyctl = ctypes.c_long(_KEYCTL)
+    if _libc.syscall(keyctl, ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None)) < 0:
+        _check(-1, "keyctl(JOIN_SESSION_KEYRING)")
+    for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        if _libc.syscall(keyctl, ctypes.c_long(KEYCTL_CLEAR), ctypes.c_long(keyring)) < 0:
+            _check(-1, "keyctl(CLEAR)")
+
+
+def _pivot_root(new_root: str) -> None:
+    """Make ``new_root`` (a mount point) this mount namespace's root and detach the old root."""
+    if _PIVOT_ROOT is None:
+        raise OSError(errno.ENOSYS, f"no pivot_root syscall number for {_MACHINE}")
+    os.chdir(new_root)
+    dot = ctypes.c_char_p(b".")
+    if _libc.syscall(ctypes.c_long(_PIVOT_ROOT), dot, dot) != 0:
+        _check(-1, "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount2(old root)")
+    os.chdir("/")
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    with open(path, "w") as file:
+        file.write(value)
+
+
+IPC_LIMITS = {
+    "/proc/sys/kernel/shmmni": "0",
+    "/proc/sys/kernel/shmall": "0",
+    "/proc/sys/kernel/msgmni": "0",
+    "/proc/sys/kernel/sem": "0 0 0 0",
+    "/proc/sys/fs/mqueue/queues_max": "0",
+}
+"""Per-IPC-namespace limits written in each job's fresh namespace: no System V shared memory, message
+queues, semaphores or POSIX message queues at all (their memory is not charged to the address space)."""
+
+
+def _zero_ipc_limits() -> None:
+    for path, value in IPC_LIMITS.items():
+        _write_sysctl(path, value)
+
+
 # --- the zygote --------------------------------------------------------------------------------------
 
 
@@ -163,7 +374,18 @@ class Zygote:
         self.mount_point: str = config["mount_point"]  # see _workdir; the pool creates and removes it
         self.root = os.geteuid() == 0
         self.uid, self.lock_fd = self._claim_uid(config) if self.root else (os.getuid(), None)
+        # The checker of a graded job runs under a uid of its own, so the program cannot signal, trace or
+        # read it: the uid of the same slot in the range just above the programs' range.
+        self.checker_uid = self.uid + config["uid_count"] if self.root else self.uid
         self.expose = _inaccessible_interpreter_paths() if self.root else {}
+        self.template_ns = -1
+        self.template_error = _unavailable("minimal_filesystem", OSError(errno.EPERM, "needs root"))
+        if self.root:
+            self.template_error = ""
+            try:
+                self.template_ns = _build_minimal_root(self.mount_point, self.uid, self.checker_uid)
+            except OSError as error:
+                self.template_error = _unavailable("minimal_filesystem", error)
         self.self_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.steps: dict[str, bool] = config.get("steps") or {}
         self.notes: dict[str, str] = config.get("notes") or {}
@@ -215,6 +437,13 @@ class Zygote:
         if "setup_error" in results:
             raise RuntimeError(f"the sandbox cannot run programs here: {results['setup_error']}")
 
+    def _template_step(self) -> None:
+        if self.template_ns < 0 and self.steps.get("minimal_filesystem"):
+            self.steps["minimal_filesystem"] = False
+            self.notes["minimal_filesystem"] = self.template_error or (
+                "minimal filesystem unavailable (not running as root): " + LOST["minimal_filesystem"]
+            )
+
     def _network_step(self) -> None:
         self.steps["network_namespace"] = not self.network_error
         self.notes.pop("network_namespace", None)
@@ -223,6 +452,7 @@ class Zygote:
 
     def serve(self) -> None:
         self.probe()
+        self._template_step()
         self._network_step()
         hello = {"pid": os.getpid(), "uid": self.uid, "root": self.root, "steps": self.steps}
         self.sock.sendall(encode_message({**hello, "notes": self.notes}))
@@ -231,7 +461,7 @@ class Zygote:
             if received is None:
                 return  # the pool closed the socket
             message, fds = received
-            if message.get("op") != "run" or len(fds) != JOB_FDS:
+            if message.get("op") != "run" or len(fds) != JOB_FDS + bool(message.get("checker")):
                 for fd in fds:
                     os.close(fd)
                 continue  # a kill request for a job that already ended
@@ -251,6 +481,8 @@ class Zygote:
         With a mount namespace it is only a mount point on the host (each job mounts a tmpfs of its own
         over it, gone with the job), so one directory serves every job of this zygote: creating and
         removing a directory per job costs milliseconds on some file systems."""
+        if not probe and self.steps["minimal_filesystem"]:
+            return JOB_DIR, False
         if not probe and self.steps["mount_namespace"]:
             return self.mount_point, False
         path = tempfile.mkdtemp(prefix="agentboost-sandbox-", dir=self.tmp_dir)
@@ -350,6 +582,7 @@ PROBE_LIMITS = {
     "file_size_mb": 1,
     "max_processes": 8,
     "disk_mb": 1,
+    "max_open_files": 64,
     "network": False,
 }
 
@@ -372,7 +605,7 @@ def _receive(sock: socket.socket) -> tuple[dict, list[int]] | None:
     """One message and the file descriptors sent with it; None at end of stream."""
     header, fds = b"", []
     while len(header) < HEADER.size:
-        data, new_fds, _, _ = socket.recv_fds(sock, HEADER.size - len(header), JOB_FDS)
+        data, new_fds, _, _ = socket.recv_fds(sock, HEADER.size - len(header), MAX_JOB_FDS)
         fds.extend(new_fds)
         if not data:
             for fd in fds:
@@ -422,6 +655,9 @@ def _status(entry: dict) -> None:
 
 STATUS_FD = 3
 PAYLOAD_FD = 4
+CHECKER_FD = 5
+CHANNEL_FD = 3
+"""Where a graded program finds its socket to the checker (the status pipe's number, closed by then)."""
 SETUP_FAILED = 125
 
 
@@ -452,7 +688,13 @@ def _init_main(
     zygote: Zygote, job: dict, fds: list[int], status_w: int, workdir: str, enabled: dict, probe: bool
 ) -> int:
     """Body of the job's init process; returns its exit code. Runs as root when the zygote does."""
-    payload_r, stdin_r, stdout_w, stderr_w = fds
+    # Every descriptor init needs goes above the fixed slots (0-5) it is about to fill, so that filling
+    # one slot never closes a descriptor another slot (or the namespace set-up) still needs.
+    fds = [_lift(fd) for fd in fds]
+    status_w = _lift(status_w)
+    template_ns = _lift(zygote.template_ns) if zygote.template_ns >= 0 else -1
+    payload_r, stdin_r, stdout_w, stderr_w = fds[:JOB_FDS]
+    graded = len(fds) > JOB_FDS
     try:
         # A process group of its own for killpg. Not a session: the zygote already has one without a
         # controlling terminal, and a new session per job costs ~4 ms (a scheduler autogroup each).
@@ -463,29 +705,234 @@ def _init_main(
         for target, fd in ((0, stdin_r), (1, stdout_w), (2, stderr_w), (STATUS_FD, status_w)):
             os.dup2(fd, target)
         os.dup2(payload_r, PAYLOAD_FD)
-        os.closerange(PAYLOAD_FD + 1, 1 << 20)
-        with os.fdopen(PAYLOAD_FD, "rb") as payload_file:
-            payload = json.loads(payload_file.read())
+        if graded:
+            os.dup2(fds[JOB_FDS], CHECKER_FD)
         steps = _Steps(enabled, probe)
         steps.run("ipc_namespace", _unshare, CLONE_NEWIPC, "unshare(CLONE_NEWIPC)")  # freed with the job
-        steps.run("mount_namespace", _private_filesystem, zygote, workdir, job, enabled["pid_namespace"])
+        if "ipc_namespace" in steps.failed:
+            steps.failed["ipc_limits"] = _unavailable("ipc_limits", OSError(errno.EPERM, "no IPC namespace"))
+        steps.run("ipc_limits", _zero_ipc_limits)
+        job_dir = workdir
+        if template_ns >= 0 and enabled.get("pid_namespace") and "pid_namespace" not in steps.failed:
+            steps.run("minimal_filesystem", _enter_minimal_root, zygote, template_ns, job)
+            if enabled.get("minimal_filesystem") and "minimal_filesystem" not in steps.failed:
+                job_dir = JOB_DIR
+        elif probe:
+            steps.failed.setdefault("minimal_filesystem", zygote.template_error or _needs_pid_namespace())
+        if job_dir != JOB_DIR:
+            steps.run("mount_namespace", _private_filesystem, zygote, workdir, job, enabled["pid_namespace"])
+        os.closerange((CHECKER_FD if graded else PAYLOAD_FD) + 1, 1 << 20)  # zygote sockets, namespaces
+        with os.fdopen(PAYLOAD_FD, "rb") as payload_file:
+            payload = json.loads(payload_file.read())
         if steps.failed:
             _status({"failed": steps.failed})
     except OSError as error:
         _status({"setup_error": f"sandbox set-up failed: {error}"})
         return SETUP_FAILED
+    checker = program_channel = -1
+    if graded:  # the checker first, so the program never holds the checker's payload pipe or socket end
+        checker_channel, program_channel = (end.detach() for end in socket.socketpair())
+        checker = os.fork()
+        if checker == 0:
+            code = SETUP_FAILED
+            try:
+                os.close(program_channel)
+                code = _checker_main(zygote, job, checker_channel, enabled, probe)
+            finally:
+                os._exit(code)
+        os.close(checker_channel)
+        os.close(CHECKER_FD)
     program = os.fork()
     if program == 0:
         code = SETUP_FAILED
         try:
-            code = _program_main(zygote, job, payload, workdir, enabled, probe)
+            code = _program_main(zygote, job, payload, job_dir, enabled, probe, program_channel)
         finally:
             os._exit(code)
-    _, wait_status, usage = os.wait4(program, 0)
-    _status(
-        {"wait_status": wait_status, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss}
-    )
+    del payload
+    if program_channel >= 0:
+        os.close(program_channel)
+    ended = _reap(program, checker)
+    wait_status, usage = ended[program]
+    cpu_s = usage.ru_utime + usage.ru_stime
+    entry = {"wait_status": wait_status, "cpu_s": cpu_s, "max_rss_kb": usage.ru_maxrss}
+    if checker > 0:
+        entry["checker_wait_status"] = ended[checker][0]
+    _status(entry)
     return 0
+
+
+CHECKER_GRACE_S = 1.0
+"""Once the checker has given its verdict, how long the program has to exit before init kills it."""
+
+
+def _reap(program: int, checker: int) -> dict[int, tuple[int, resource.struct_rusage]]:
+    """Wait for the program (and the checker, if any); other pids (orphans adopted by init) are ignored."""
+    ended: dict[int, tuple[int, resource.struct_rusage]] = {}
+    wanted = {program} | ({checker} if checker > 0 else set())
+    deadline = None
+    while not wanted <= ended.keys():
+        if checker in ended and program not in ended:
+            if deadline is None:
+                deadline = time.monotonic() + CHECKER_GRACE_S
+            pid, status, usage = os.wait4(program, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(program, signal.SIGKILL)
+                pid, status, usage = os.wait4(program, 0)
+        else:
+            pid, status, usage = os.wait4(-1, 0)
+        if pid in wanted:
+            ended[pid] = (status, usage)
+    return ended
+
+
+def _needs_pid_namespace() -> str:
+    error = OSError(errno.EPERM, "needs a pid namespace for its /proc")
+    return _unavailable("minimal_filesystem", error)
+
+
+def _lift(fd: int) -> int:
+    """A close-on-exec duplicate of ``fd`` numbered 10 or above."""
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+
+
+def _enter_minimal_root(zygote: Zygote, template_ns: int, job: dict) -> None:
+    """Enter a private copy of the zygote's minimal root, with this job's /proc and a fresh /job tmpfs."""
+    _check(_libc.setns(template_ns, CLONE_NEWNS), "setns(minimal root)")
+    _unshare(CLONE_NEWNS, "unshare(CLONE_NEWNS)")  # a copy: what this job mounts stays its own
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    owner = f",uid={zygote.uid},gid={zygote.uid}" if zygote.root else ""
+    _mount("tmpfs", JOB_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_mb']}m,mode=0700{owner}")
+
+
+def _build_minimal_root(staging: str, uid: int, checker_uid: int) -> int:
+    """Build the root jobs see, in a mount namespace of its own, and return a handle on that namespace.
+
+    The zygote enters a new mount namespace, mounts an empty tmpfs at ``staging``, binds into it, read-only,
+    what a Python program needs, pivots into it and returns to the host's namespace: the namespace lives
+    on through the returned file descriptor, and each job enters a copy of it."""
+    host = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _unshare(CLONE_NEWNS, "unshare(CLONE_NEWNS)")
+        template = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            _populate_root(staging, uid, checker_uid)
+            _mount_setattr(staging, True, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
+            _pivot_root(staging)
+        except OSError:
+            os.close(template)
+            raise
+    finally:
+        try:
+            _check(_libc.setns(host, CLONE_NEWNS), "setns(host mount namespace)")
+        finally:
+            os.close(host)
+    return template
+
+
+SYSTEM_DIRS = ("/usr/bin", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/usr/share/zoneinfo")
+"""Host directories in the minimal root: programs, shared libraries (the interpreter's and its extension
+modules'), time zones. Top-level links such as /bin -> usr/bin are copied as links."""
+TOP_LEVEL = ("bin", "lib", "lib64", "lib32", "libx32", "sbin")
+ETC_FILES = (
+    "hosts", "resolv.conf", "nsswitch.conf", "services", "protocols", "ld.so.cache", "localtime", "ssl",
+    "ca-certificates", "ca-certificates.conf", "mime.types",
+)  # fmt: skip
+"""Public configuration bound from the host's /etc (name resolution, the linker cache, TLS roots)."""
+DEVICES = ("null", "zero", "full", "random", "urandom")
+PACKAGE_DIRS = ("site-packages", "dist-packages")
+
+
+def _populate_root(root: str, uid: int, checker_uid: int) -> None:
+    def inside(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    def bind(source: str, target: str) -> None:
+        destination = inside(target)
+        if os.path.isdir(source):
+            os.makedirs(destination, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(destination), mode=0o755, exist_ok=True)
+            if not os.path.lexists(destination):
+                os.close(os.open(destination, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _mount(source, destination, None, MS_BIND | MS_REC)
+
+    bound: list[str] = []
+    for name in TOP_LEVEL:
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), inside(host))
+        elif os.path.isdir(host) and name != "sbin":
+            bind(host, host)
+            bound.append(host)
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # such as /usr/lib64 -> lib on some distributions
+            os.makedirs(os.path.dirname(inside(path)), mode=0o755, exist_ok=True)
+            os.symlink(os.readlink(path), inside(path))
+        elif os.path.isdir(path):
+            bind(path, path)
+            bound.append(path)
+    for path in _interpreter_paths():
+        if not any(path == done or path.startswith(done + os.sep) for done in bound):
+            bind(path, path)
+            bound.append(path)
+    # Installed packages (and the data files they ship, datasets included) stay hidden unless the pool was
+    # started with site=True, which puts their directories on sys.path.
+    wanted = {os.path.realpath(path) for path in sys.path if path}
+    for directory in bound:
+        for parent, names, _ in os.walk(directory):  # lib/python3.X/site-packages, lib/python3/dist-...
+            for name in names:
+                path = os.path.join(parent, name)
+                if name in PACKAGE_DIRS and os.path.realpath(path) not in wanted:
+                    _mount("tmpfs", inside(path), "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+            if parent != directory:
+                names.clear()
+    etc = inside("/etc")
+    os.makedirs(etc, mode=0o755)
+    for name in ETC_FILES:
+        host = os.path.join("/etc", name)
+        if os.path.islink(host) and name == "localtime":
+            os.symlink(os.readlink(host), os.path.join(etc, name))
+        elif os.path.exists(host):
+            bind(os.path.realpath(host), host)
+    users = {"root": 0, "sandbox": uid, "checker": checker_uid, "nobody": 65534}
+    with open(os.path.join(etc, "passwd"), "w") as passwd:
+        passwd.writelines(f"{name}:x:{id_}:{id_}::{JOB_DIR}:/bin/sh\n" for name, id_ in users.items())
+    with open(os.path.join(etc, "group"), "w") as group:
+        group.writelines(f"{name}:x:{id_}:\n" for name, id_ in users.items())
+    if not os.path.exists("/etc/hosts"):
+        with open(os.path.join(etc, "hosts"), "w") as hosts:
+            hosts.write("127.0.0.1 localhost\n::1 localhost\n")
+    dev = inside("/dev")
+    os.makedirs(dev, mode=0o755)
+    for name in DEVICES:
+        bind(os.path.join("/dev", name), os.path.join("/dev", name))
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):  # fmt: skip
+        os.symlink(target, os.path.join(dev, name))
+    for path in ("/proc", JOB_DIR):
+        os.makedirs(inside(path), mode=0o755)
+
+
+def _interpreter_paths() -> list[str]:
+    """What the interpreter needs from the host: its binary's directory, the standard library, the shared
+    libpython, and every sys.path entry (site-packages only when the pool asked for them)."""
+    import sysconfig
+
+    paths = {os.path.dirname(os.path.realpath(path)) for path in (sys.executable, os.__file__)}
+    paths.update(os.path.realpath(path) for path in sys.path if path and os.path.exists(path))
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and os.path.isdir(libdir):
+        paths.update(
+            os.path.join(libdir, name) for name in os.listdir(libdir) if name.startswith("libpython")
+        )
+    return sorted(paths)
 
 
 def _private_filesystem(zygote: Zygote, workdir: str, job: dict, pid_namespace: bool) -> None:
@@ -535,25 +982,40 @@ def _inaccessible_interpreter_paths() -> dict[str, list[str]]:
 # --- the program process ---------------------------------------------------------------------------
 
 
-def _program_main(zygote: Zygote, job: dict, payload: dict, workdir: str, enabled: dict, probe: bool) -> int:
+def _set_limits(job: dict, file_size_mb: int) -> None:
+    megabyte = 1 << 20
+    limits = {
+        resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_CPU: job["cpu_time_s"],
+        resource.RLIMIT_AS: job["memory_mb"] * megabyte,
+        resource.RLIMIT_FSIZE: file_size_mb * megabyte,
+        resource.RLIMIT_NPROC: job["max_processes"],
+        resource.RLIMIT_NOFILE: job["max_open_files"],
+        resource.RLIMIT_MSGQUEUE: 0,
+    }
+    for which, value in limits.items():
+        # CPU: SIGXCPU at the soft limit (a signal that names the cause), SIGKILL a second later
+        resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
+
+
+def _lock_down(steps: _Steps, uid: int, dumpable: bool) -> None:
+    """What every process running job code gets after its rlimits: its uid, no privileges, fresh keyrings,
+    the syscall filter (last: it forbids keyctl)."""
+    steps.run("unprivileged_uid", _drop_privileges, uid)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, no file capabilities
+    _prctl(PR_SET_DUMPABLE, int(dumpable))  # the program: /proc/self readable; the checker: untraceable
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by setuid: set it again
+    steps.run("keyring_isolation", _fresh_keyrings)
+    steps.run("seccomp_filter", _install_seccomp)
+
+
+def _program_main(
+    zygote: Zygote, job: dict, payload: dict, workdir: str, enabled: dict, probe: bool, channel: int
+) -> int:
     try:
-        steps = _Steps(enabled, probe)
-        megabyte = 1 << 20
-        limits = {
-            resource.RLIMIT_CORE: 0,
-            resource.RLIMIT_CPU: job["cpu_time_s"],
-            resource.RLIMIT_AS: job["memory_mb"] * megabyte,
-            resource.RLIMIT_FSIZE: job["file_size_mb"] * megabyte,
-            resource.RLIMIT_NPROC: job["max_processes"],
-        }
-        for which, value in limits.items():
-            # CPU: SIGXCPU at the soft limit (a signal that names the cause), SIGKILL a second later
-            resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
-        if zygote.root:
-            steps.run("unprivileged_uid", _drop_privileges, zygote.uid)
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, no file capabilities
-        _prctl(PR_SET_DUMPABLE, 1)  # a normal process again after setuid: /proc/self stays readable
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by setuid: set it again
+        steps = _Steps(enabled if zygote.root else {**enabled, "unprivileged_uid": False}, probe)
+        _set_limits(job, job["file_size_mb"])
+        _lock_down(steps, zygote.uid, dumpable=True)
         if probe:
             steps.run("interpreter_readable", _check_interpreter_readable)
             if steps.failed:
@@ -564,6 +1026,9 @@ def _program_main(zygote: Zygote, job: dict, payload: dict, workdir: str, enable
         _status({"setup_error": f"sandbox set-up failed: {error}"})
         return SETUP_FAILED
     os.close(STATUS_FD)
+    if channel >= 0:
+        os.dup2(channel, CHANNEL_FD)
+        os.close(channel)
     os.environ.clear()
     os.environ.update(
         PATH="/usr/local/bin:/usr/bin:/bin",
@@ -574,6 +1039,39 @@ def _program_main(zygote: Zygote, job: dict, payload: dict, workdir: str, enable
         PYTHONDONTWRITEBYTECODE="1",
     )
     return run_program(payload["code"])
+
+
+def _checker_main(zygote: Zygote, job: dict, channel: int, enabled: dict, probe: bool) -> int:
+    """The checker of a graded job: trusted code (from the pool, never from the program) under a uid of
+    its own, not traceable, reading its code and the run's secret from its own pipe. It talks to the
+    program over ``channel`` and reports its verdict, with the secret, on the status pipe, which the
+    program never holds."""
+    try:
+        _set_limits(job, 0)
+        steps = _Steps(enabled if zygote.root else {**enabled, "unprivileged_uid": False}, probe)
+        _lock_down(steps, zygote.checker_uid, dumpable=False)
+        os.chdir("/")
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        os.close(null)
+        with os.fdopen(CHECKER_FD, "rb") as payload_file:
+            payload = json.loads(payload_file.read())
+    except OSError as error:
+        _status({"setup_error": f"sandbox set-up of the checker failed: {error}"})
+        return SETUP_FAILED
+    nonce = payload["nonce"]
+
+    def report(verdict: dict) -> None:
+        shortened = {key: value[:1000] if isinstance(value, str) else value for key, value in verdict.items()}
+        _status({"checker": {**shortened, "nonce": nonce}})
+
+    namespace = {"__name__": "__checker__", "__builtins__": builtins, "CHANNEL_FD": channel, "report": report}
+    try:
+        exec(compile(payload["code"], "<checker>", "exec"), namespace)
+    except BaseException:
+        report({"outcome": "checker_error", "detail": traceback.format_exc()[-1000:]})
+    return 0
 
 
 def _drop_privileges(uid: int) -> None:

@@ -136,20 +136,26 @@ def test_function_test_failures_say_what_went_wrong():
             if x == 1:
                 return {1, 2}
             if x == 2:
-                return [0] * (10 ** 10)
+                return [0] * (10 ** 10)  # refused at once: a MemoryError, no memory used
+            if x == 3:
+                chunks = []
+                while True:
+                    chunks.append(bytearray(16 * 1024 * 1024))
             return x
         """
     )
-    tests = [{"input": str(x), "output": str(x)} for x in range(4)]
+    tests = [{"input": str(x), "output": str(x)} for x in range(5)]
     report = run(run_function_tests(program, tests, "f", limits=SandboxLimits(memory_mb=256)))
     statuses = [result.status for result in report.results]
     assert statuses == [
         TestStatus.RUNTIME_ERROR,
         TestStatus.WRONG_ANSWER,
+        TestStatus.RUNTIME_ERROR,
         TestStatus.MEMORY_EXCEEDED,
         TestStatus.PASSED,
     ]
     assert report.results[0].detail == "ZeroDivisionError: division by zero"
+    assert report.results[2].detail == "MemoryError"
     assert "returned a set, which is not a JSON value" in report.results[1].detail
     missing = run(run_function_tests("def g():\n    pass", [{"input": "1", "output": "1"}], "f"))
     assert missing.results[0].status is TestStatus.RUNTIME_ERROR
