@@ -133,7 +133,10 @@ class Notes(Environment):
         return [write_note, read_notes]
 
     def tasks(self, n=None, *, seed=0, split="train"):
-        return [Task(word[0], word, ground_truth=word) for word in ("apple", "banana", "boom")]
+        return [
+            Task(id_, word, ground_truth=word)
+            for id_, word in zip("abc", ("apple", "banana", "boom"), strict=True)
+        ]
 
     async def reward(self, trajectory, episode):
         if episode.task.ground_truth == "boom":
