@@ -8,7 +8,7 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     task_id        str
     messages       the chat view a person reads: OpenAI-style messages (system, user, assistant with
                    content / reasoning_content / tool_calls / raw, tool with tool_call_id / name /
-                   content / error)
+                   content / error / metadata (facts the tool recorded about the call))
     token_ids      every token of the final sequence, prompt included
     loss_mask      1 where the policy generated the token, else 0 (same length as token_ids)
     logprobs       the engine's log-probability where loss_mask is 1, null elsewhere

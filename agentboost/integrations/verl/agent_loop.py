@@ -179,12 +179,10 @@ class AgentBoostAgentLoop(AgentLoopBase):
     def _error(self, result: RolloutResult, prompt_end: int, response_end: int) -> str | None:
         """Why this rollout cannot train the policy, or None."""
         trajectory = result.trajectory
-        if result.failed:
-            if result.reward_error is not None:
-                return (
-                    f"reward failed: {result.reward_error} (the rollout ended {trajectory.termination.value})"
-                )
+        if not trajectory.termination.trainable:
             return f"{trajectory.termination.value}: {trajectory.termination_detail}"
+        if result.reward is None:
+            return f"reward failed: {result.reward_error} (the rollout ended {trajectory.termination.value})"
         if prompt_end > self.prompt_length:
             return f"the prompt has {prompt_end} tokens; rollout.prompt_length is {self.prompt_length}"
         ending = f"{trajectory.termination.value}: {trajectory.termination_detail}"
