@@ -27,6 +27,18 @@ def main(argv: list[str] | None = None) -> int:
         "--env-kwargs", default="{}", help="more environment kwargs (JSON), e.g. the simulator"
     )
     parser.add_argument("--verl", action="store_true", help="also write veRL parquet (needs pyarrow)")
+    parser.add_argument(
+        "--train-tasks",
+        type=int,
+        default=None,
+        help="at most this many train tasks (the environment's fixed pick)",
+    )
+    parser.add_argument(
+        "--test-tasks",
+        type=int,
+        default=None,
+        help="at most this many test tasks (the environment's fixed pick)",
+    )
     args = parser.parse_args(argv)
 
     kwargs = {"domain": args.domain, "mode": args.mode, **json.loads(args.env_kwargs)}
@@ -34,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir) / f"{args.domain}-{args.mode}"
     out_dir.mkdir(parents=True, exist_ok=True)
     for split in args.splits.split(","):
-        tasks = environment.tasks(split=split)
+        limit = {"train": args.train_tasks, "test": args.test_tasks}.get(split)
+        if limit is not None and limit < 1:
+            parser.error(f"--{split}-tasks must be >= 1, got {limit}")
+        tasks = environment.tasks(limit, split=split)
         path = out_dir / f"{split}.jsonl"
         with open(path, "w", encoding="utf-8") as handle:
             for task in tasks:

@@ -49,6 +49,8 @@ TEST_FREQ=${TEST_FREQ:-5}
 WANDB_PROJECT=${WANDB_PROJECT:-agentboost}        # wandb reads WANDB_API_KEY; WANDB_MODE=offline works too
 EXPERIMENT_NAME=${EXPERIMENT_NAME:-tau2-${DOMAIN}-${MODE}-${ADV_ESTIMATOR}}
 DATA_ROOT=${DATA_ROOT:-$HOME/data/agentboost/tau2}      # files land in $DATA_ROOT/$DOMAIN-$MODE/
+TRAIN_TASKS=${TRAIN_TASKS:-}                      # at most this many train / test tasks (empty: the whole split)
+VAL_TASKS=${VAL_TASKS:-}
 # ----------------------------------------------------------------------------------------------------
 
 case "$ROLLOUT_BACKEND" in
@@ -71,7 +73,7 @@ ENV_KWARGS="{\"domain\": \"$DOMAIN\", \"mode\": \"$MODE\", \"reward\": \"$REWARD
 
 # Tasks as veRL parquet from the packaged splits (every task, by tau2 id).
 python "$(dirname "$0")/prepare_data.py" --domain "$DOMAIN" --mode "$MODE" --env-kwargs "$ENV_KWARGS" \
-    --out-dir "$DATA_ROOT" --verl
+    --out-dir "$DATA_ROOT" --verl ${TRAIN_TASKS:+--train-tasks "$TRAIN_TASKS"} ${VAL_TASKS:+--test-tasks "$VAL_TASKS"}
 DATA_DIR="$DATA_ROOT/${DOMAIN}-${MODE}"
 
 # The agent-loop config shipped inside the installed package; every node reads it. Where agentboost is

@@ -374,7 +374,7 @@ def test_the_serve_command_parses_its_options_into_a_fault_config():
         [
             "serve",
             "--port",
-            "0",
+            "30001",
             "--fault-http-500",
             "0.2",
             "--fault-schedule",
@@ -383,7 +383,7 @@ def test_the_serve_command_parses_its_options_into_a_fault_config():
             "0.1",
         ]
     )
-    assert args.func is run_serve and args.port == 0 and args.host == "127.0.0.1"
+    assert args.func is run_serve and args.port == 30001 and args.host == "127.0.0.1"
     faults = faults_from_args(args)
     assert faults == FaultConfig(schedule=("drop", None), probabilities={"http_500": 0.2}, slow_delay_s=0.1)
     assert faults_from_args(parser.parse_args(["serve"])) is None
