@@ -29,12 +29,18 @@ def call(name: str, arguments: dict[str, Any]) -> str:
 def changed(domain: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The gold actions with ONE action changed so that the final database must differ.
 
-    With a write action: the last write's first text argument is altered (a wrong id, seat, reason...).
-    Without one: one database write the gold never makes comes first (a certificate, an address change).
+    With a write action that succeeds in the gold run: the last such write's first text argument is altered
+    (a wrong id, seat, reason...). Without one (some gold writes fail on purpose, e.g. a refund the policy
+    refuses): one database write the gold never makes comes first (a certificate, an address change).
     """
     tau2_domain = load_domain(domain)
     actions = [dict(action, arguments=dict(action["arguments"])) for action in actions]
-    writes = [index for index, action in enumerate(actions) if action["name"] in tau2_domain.write_tools]
+    succeeded = _succeeding(tau2_domain, actions)
+    writes = [
+        index
+        for index, action in enumerate(actions)
+        if action["name"] in tau2_domain.write_tools and succeeded[index]
+    ]
     if writes:
         arguments = actions[writes[-1]]["arguments"]
         key = next((k for k, v in arguments.items() if isinstance(v, str)), None)
@@ -51,6 +57,21 @@ def changed(domain: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         address = {"address1": "1 Test St", "address2": "", "city": "X", "state": "CA", "country": "USA"}
         extra = {"name": "modify_user_address", "arguments": {"user_id": user_id, **address, "zip": "00000"}}
     return [extra, *actions]  # first: a transfer to a human at the end stops the rollout
+
+
+def _succeeding(tau2_domain: Any, actions: list[dict[str, Any]]) -> list[bool]:
+    """Whether each gold action succeeds when the gold actions are replayed in order on a fresh database."""
+    from agentboost.envs.tau2.package import tau2_module
+
+    message_types = tau2_module("tau2.data_model.message")
+    environment = tau2_domain.fresh_environment()
+    outcomes = []
+    for index, action in enumerate(actions):
+        call = message_types.ToolCall(
+            id=f"gold-{index}", name=action["name"], arguments=action["arguments"], requestor="assistant"
+        )
+        outcomes.append(not environment.get_response(call).error)
+    return outcomes
 
 
 def scripted_rollout(qwen_tokenizer, say, domain: str, tau2_id: str, actions: list[dict[str, Any]]):
