@@ -61,7 +61,7 @@ async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.
 
     import aiohttp
 
-    from agentboost.engines.http import normalize_urls
+    from agentboost.engines.transport import normalize_urls
     from agentboost.errors import EngineConnectionError
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
