@@ -187,9 +187,15 @@ class WorkerPool:
             self._fatal = WorkerSetupError(str(hello["fatal"]))
             raise self._fatal
         if not hello.get("ready"):
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()  # it said something else first, or nothing: it cannot be trusted
-            code = await process.wait()
+            # it said something else first, or nothing (it closed the pipe: it is exiting): it cannot be
+            # trusted. Wait for its exit before killing it: kill() on a process that already exited reaps
+            # it behind asyncio's back, and its exit code is lost.
+            try:
+                code = await asyncio.wait_for(process.wait(), timeout=0.5 if first else 5)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                code = await process.wait()
             raise WorkerCrashed(f"worker process {process.pid} exited with code {code} while starting")
         worker.reader = asyncio.create_task(self._read(worker))
         self._readers.add(worker.reader)

@@ -68,7 +68,7 @@ def test_runner_killed_with_sigkill_resumes_to_exactly_tasks_times_samples(token
     command = [sys.executable, str(HERE / "slow_runner.py"), str(out), str(tokenizer_dir), "12", "3"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 5):
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 6):
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
