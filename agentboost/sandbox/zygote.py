@@ -882,6 +882,11 @@ def _populate_root(root: str, uid: int, checker_uid: int) -> None:
         if not any(path == done or path.startswith(done + os.sep) for done in bound):
             bind(path, path)
             bound.append(path)
+    # In a virtual environment sys.executable is a link (venv/bin/python) outside what was bound: make the
+    # same path lead to the real interpreter, so a program can start `sys.executable` as a subprocess.
+    if os.path.islink(sys.executable) and not os.path.lexists(inside(sys.executable)):
+        os.makedirs(os.path.dirname(inside(sys.executable)), mode=0o755, exist_ok=True)
+        os.symlink(os.path.realpath(sys.executable), inside(sys.executable))
     # Installed packages (and the data files they ship, datasets included) stay hidden unless the pool was
     # started with site=True, which puts their directories on sys.path.
     wanted = {os.path.realpath(path) for path in sys.path if path}

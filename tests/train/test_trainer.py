@@ -135,7 +135,16 @@ def test_a_killed_run_resumes_to_the_same_state_as_an_uninterrupted_one(toy_mode
             for r in records
         ]
 
-    assert train_records("a") == train_records("b")
+    # The engine's logprobs (what mismatch/* compares against the trainer's) depend on which prompt prefix
+    # its cache held, which a restart empties: equal to fp32 rounding, not bit for bit. Everything the
+    # update reads is exact (the weights and optimizer state above are bit-identical).
+    exact = [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in train_records("a")]
+    assert exact == [
+        {k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in train_records("b")
+    ]
+    for a, b in zip(train_records("a"), train_records("b"), strict=True):
+        for key in (k for k in a if k.startswith("mismatch/")):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
     assert [r["optim/updates"] for r in train_records("b")] == [1, 1]  # both steps really updated
     state = json.loads((tmp_path / "b" / "checkpoints" / "step_000002" / "state.json").read_text())
     assert state["step"] == 2 and state["tasks_consumed"] == 8
