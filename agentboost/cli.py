@@ -31,7 +31,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
         await check_servers(args.engine, args.url)
     elif args.url:
         raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
-    from agentboost.agent.limits import resolve_limits
+    from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
@@ -39,16 +39,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
     environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
-    limits = resolve_limits(
-        environment.limits,
-        {
-            "max_turns": args.max_turns,
-            "max_tool_calls": args.max_tool_calls,
-            "max_total_tokens": args.max_total_tokens,
-            "max_new_tokens": args.max_new_tokens,
-            "timeout_s": args.timeout,
-        },
-    )
+    limits = limits_from_args(environment.limits, args)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     config = RunConfig(
         samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
 
 def count(minimum: int) -> Callable[[str], int]:
@@ -58,3 +59,20 @@ def port(text: str) -> int:
 def probability(text: str) -> float:
     """An argparse type: a probability in [0, 1]."""
     return number(minimum=0, maximum=1)(text)
+
+
+def limits_from_args(environment_limits: Any, args: argparse.Namespace) -> Any:
+    """The rollout limits of a command with the rollout flags (``--max-turns``, ``--timeout``...): the
+    environment's limits with every flag the user gave in its place (see ``resolve_limits``)."""
+    from agentboost.agent.limits import resolve_limits
+
+    return resolve_limits(
+        environment_limits,
+        {
+            "max_turns": args.max_turns,
+            "max_tool_calls": args.max_tool_calls,
+            "max_total_tokens": args.max_total_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "timeout_s": args.timeout,
+        },
+    )

@@ -18,7 +18,7 @@ def _default_out(args: argparse.Namespace) -> Path:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
-    from agentboost.agent.limits import resolve_limits
+    from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment, parse_json_object
@@ -26,16 +26,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
     kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, kwargs)
-    limits = resolve_limits(
-        environment.limits,
-        {
-            "max_turns": args.max_turns,
-            "max_tool_calls": args.max_tool_calls,
-            "max_total_tokens": args.max_total_tokens,
-            "max_new_tokens": args.max_new_tokens,
-            "timeout_s": args.timeout,
-        },
-    )
+    limits = limits_from_args(environment.limits, args)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     out = Path(args.out) if args.out else _default_out(args)
     report_path = Path(args.report) if args.report else out.with_suffix(".json")
