@@ -307,7 +307,7 @@ def main() -> None:
 
     if "throughput" in only:
         environment = ArithmeticEnvironment()
-        questions = [task.question for task in environment.tasks(16, seed=7)]
+        questions = [task.prompt for task in environment.tasks(16, seed=7)]
         prompts = [
             tokenizer.apply_chat_template(
                 [
