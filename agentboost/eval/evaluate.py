@@ -78,6 +78,7 @@ def build_report(
         "rollouts_with_parse_errors": summary["rollouts_with_parse_errors"],
         "turns_mean": summary["turns_mean"],
         "tool_calls_mean": summary["tool_calls_mean"],
+        "tool_use_rate": summary["tool_use_rate"],
         "tokens": {
             "generated_total": summary["generated_tokens_total"],
             "generated_mean": summary["generated_tokens_mean"],
@@ -168,7 +169,8 @@ def summary_text(report: Mapping[str, Any]) -> str:
         "pass@k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass@k"].items()),
         "pass^k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass^k"].items()),
         "endings " + ", ".join(f"{reason} {count}" for reason, count in report["terminations"].items()),
-        f"turns {_number(report['turns_mean'])} | tool calls {_number(report['tool_calls_mean'])} per rollout"
+        f"turns {_number(report['turns_mean'])} | tool calls {_number(report['tool_calls_mean'])}"
+        f" per rollout, {_number(report.get('tool_use_rate'))} of rollouts call a tool"
         f" | parse errors {report['parse_errors']} in {report['rollouts_with_parse_errors']} rollouts",
     ]
     for name, tool in report["tools"].items():
@@ -202,11 +204,15 @@ def compare_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[st
             values[f"termination {reason} (share)"] = count / rollouts if rollouts else None
         values["turns per rollout"] = report.get("turns_mean")
         values["tool calls per rollout"] = report.get("tool_calls_mean")
+        values["rollouts calling a tool (share)"] = report.get("tool_use_rate")
         values["parse errors per rollout"] = (
             (report.get("parse_errors") or 0) / rollouts if rollouts else None
         )
         for name, tool in report.get("tools", {}).items():
             values[f"tool {name}: calls per rollout"] = tool["calls"] / rollouts if rollouts else None
+            values[f"tool {name}: rollouts calling it (share)"] = (
+                tool["rollouts"] / rollouts if rollouts else None
+            )
             values[f"tool {name}: error rate"] = tool.get("error_rate")
         values["generated tokens per rollout"] = report.get("tokens", {}).get("generated_mean")
         values["latency mean (s)"] = report.get("latency_s", {}).get("mean")

@@ -215,6 +215,7 @@ def tool_usage_stats(
         "turns_mean": _mean([float(m.get("turns") or 0) for m in metrics]),
         "tool_calls_mean": _mean([float(m.get("tool_calls") or 0) for m in metrics]),
         "tool_calls_total": sum(int(m.get("tool_calls") or 0) for m in metrics),
+        "tool_use_rate": _share(sum(1 for m in metrics if int(m.get("tool_calls") or 0)), total),
         "parse_errors_total": parse_total,
         "rollouts_with_parse_errors": sum(1 for m in metrics if int(m.get("parse_errors") or 0)),
         "generated_tokens_total": sum(r.trajectory.generated_tokens for r in results),

@@ -97,3 +97,20 @@ def test_report_from_hand_built_results():
     assert report["unscored"] == 1 and report["scored"] == 5
     assert report["tools"]["run_tests"]["statuses"]["passed"] == 2
     assert report["terminations"] == {"completed": 4, "max_turns": 1, "engine_error": 1}
+    # a/0, b/0, b/1 and c/1 call a tool; a/1 and c/0 do not
+    assert report["tool_use_rate"] == pytest.approx(4 / 6)
+    assert report["tools"]["run_tests"]["rollouts"] == 3
+
+
+def test_comparison_reports_the_share_of_rollouts_calling_each_tool():
+    from results_support import coding_fixture
+
+    from agentboost.eval.evaluate import compare_metrics
+
+    results = coding_fixture()
+    before = build_report(results[:2], samples=2)  # task a: one rollout calls run_tests
+    after = build_report(results, samples=2)
+    metrics = {name: (left, right) for name, left, right in compare_metrics(before, after)}
+    assert metrics["rollouts calling a tool (share)"] == (pytest.approx(0.5), pytest.approx(4 / 6))
+    assert metrics["tool run_tests: rollouts calling it (share)"] == (pytest.approx(0.5), pytest.approx(0.5))
+    assert metrics["tool read_file: rollouts calling it (share)"] == (None, pytest.approx(2 / 6))
