@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,25 @@ class CountingStore(ResultStore):
     def write(self, result: RolloutResult) -> None:
         super().write(result)
         self._on_write(result)
+
+
+def result_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
+    """What the trainer and ``agentboost sft`` log about a set of rollouts (unscored rewards count as 0).
+
+    ``reward_mean``, ``reward_std`` (sample std), ``failed``, ``generated_tokens_mean`` and
+    ``tool_use_rate``: the share of rollouts with at least one tool call.
+    """
+    count = max(1, len(results))
+    rewards = [r.reward if r.reward is not None else 0.0 for r in results]
+    mean = sum(rewards) / count
+    variance = sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) if len(rewards) > 1 else 0.0
+    return {
+        "reward_mean": mean,
+        "reward_std": math.sqrt(variance),
+        "failed": float(sum(r.failed for r in results)),
+        "generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results) / count,
+        "tool_use_rate": sum(1 for r in results if r.trajectory.metrics.get("tool_calls")) / count,
+    }
 
 
 def rollout_limits(

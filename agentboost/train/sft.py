@@ -405,7 +405,7 @@ class SFTTrainer:
         """Held-out mean reward of ``eval.environment`` on ``split="test"`` (greedy by default)."""
         from agentboost.engines.local import LocalEngine
         from agentboost.envs.registry import make_environment
-        from agentboost.train.collect import collect_rollouts, rollout_limits
+        from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits
 
         evaluation = self.config.eval
         if self._environment is None:
@@ -434,15 +434,9 @@ class SFTTrainer:
             retries=2,
             on_result=lambda _: None,
         )
-        rewards = [r.reward if r.reward is not None else 0.0 for r in results]
-        mean = sum(rewards) / len(rewards)
-        self.eval_rewards[step] = mean
-        return {
-            "eval/reward_mean": mean,
-            "eval/failed": float(sum(r.failed for r in results)),
-            "eval/generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results) / len(results),
-            "eval/seconds": time.perf_counter() - started,
-        }
+        metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
+        self.eval_rewards[step] = metrics["eval/reward_mean"]
+        return {**metrics, "eval/seconds": time.perf_counter() - started}
 
     # --- the loop ----------------------------------------------------------------------------------
 

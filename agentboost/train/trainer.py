@@ -43,7 +43,7 @@ from agentboost.errors import ConfigError
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.checkpoint import Checkpoints
-from agentboost.train.collect import collect_rollouts, rollout_limits
+from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits
 from agentboost.train.config import TrainConfig
 from agentboost.train.logging import MetricsLogger
 from agentboost.train.policy import (
@@ -291,16 +291,9 @@ class Trainer:
             seed=config.seed + 7_777_777,  # the same sampler seeds at every evaluation: paired comparisons
             on_result=self._phase(bar, f"eval @{step}"),
         )
-        rewards = [r.reward if r.reward is not None else 0.0 for r in results]
-        mean = sum(rewards) / len(rewards)
-        self.eval_rewards[step] = mean
-        return {
-            "eval/reward_mean": mean,
-            "eval/reward_std": _std(rewards),
-            "eval/failed": sum(r.failed for r in results),
-            "eval/generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results) / len(results),
-            "eval/seconds": time.perf_counter() - started,
-        }
+        metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
+        self.eval_rewards[step] = metrics["eval/reward_mean"]
+        return {**metrics, "eval/seconds": time.perf_counter() - started}
 
     def collect(self, step: int, *, bar: Any = None) -> list[RolloutResult]:
         """The step's group rollouts, sampled by the engine from the current weights."""
@@ -346,14 +339,14 @@ class Trainer:
         algorithm = self.config.algorithm
         usable = [r for r in results if not r.failed]
         group_of = {task_id: index for index, task_id in enumerate(dict.fromkeys(r.task_id for r in results))}
-        rewards = [r.reward if r.reward is not None else 0.0 for r in results]
+        summary = result_metrics(results)
         metrics = {
-            "reward/mean": sum(rewards) / len(rewards),
-            "reward/std": _std(rewards),
-            "rollout/failed": float(len(results) - len(usable)),
+            "reward/mean": summary["reward_mean"],
+            "reward/std": summary["reward_std"],
+            "rollout/failed": summary["failed"],
             "rollout/truncated_fraction": sum(r.termination.truncated for r in results) / len(results),
-            "rollout/generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results)
-            / len(results),
+            "rollout/generated_tokens_mean": summary["generated_tokens_mean"],
+            "rollout/tool_use_rate": summary["tool_use_rate"],
         }
         if not usable:
             metrics.update({"groups/zero_signal_fraction": 1.0, "groups/dropped": float(len(group_of))})
@@ -585,10 +578,3 @@ class Trainer:
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
-
-
-def _std(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

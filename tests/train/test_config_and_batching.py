@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,17 @@ def test_bucketing_keeps_similar_lengths_together_within_the_budget():
     batches = micro_batches(samples, max_tokens=200)
     padding = 1 - sum(b.real_tokens for b in batches) / sum(b.padded_tokens for b in batches)
     assert padding < 0.02  # one batch of all six would be 1 - 511 / 1800 = 72% padding
+
+
+def test_logged_rollout_metrics_count_unscored_as_zero_and_tool_use_per_rollout():
+    from results_support import coding_fixture
+
+    from agentboost.train.collect import result_metrics
+
+    # rewards 1, 0, 0, 1, unscored (engine error), 0; rollouts a/0, b/0, b/1 and c/1 call a tool
+    metrics = result_metrics(coding_fixture())
+    assert metrics["reward_mean"] == pytest.approx(2 / 6)
+    assert metrics["reward_std"] == pytest.approx(math.sqrt((2 * (2 / 3) ** 2 + 4 * (1 / 3) ** 2) / 5))
+    assert metrics["failed"] == 1.0
+    assert metrics["tool_use_rate"] == pytest.approx(4 / 6)
+    assert result_metrics([])["reward_mean"] == 0.0
