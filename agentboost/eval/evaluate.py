@@ -186,9 +186,20 @@ def summary_text(report: Mapping[str, Any]) -> str:
 
 
 def compare_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(metric, value in A, value in B) for every metric either report has, in a stable order."""
+    """(metric, value in A, value in B) for every metric either report has, in a stable order.
+
+    An ending or a tool that only one report has is a share of 0 in the other (its tool error rate
+    stays undefined); a metric a report lacks altogether is None.
+    """
+    reasons = list(dict.fromkeys([*a.get("terminations", {}), *b.get("terminations", {})]))
+    tool_names = list(dict.fromkeys([*a.get("tools", {}), *b.get("tools", {})]))
 
     def flat(report: Mapping[str, Any]) -> dict[str, Any]:
+        rollouts = report.get("rollouts") or 0
+
+        def share(count: float) -> float | None:
+            return count / rollouts if rollouts else None
+
         values: dict[str, Any] = {
             "rollouts": report.get("rollouts"),
             "scored": report.get("scored"),
@@ -199,20 +210,16 @@ def compare_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[st
         for family in ("pass@", "pass^"):
             for k, value in report.get(family + "k", {}).items():
                 values[family + k] = value
-        rollouts = report.get("rollouts") or 0
-        for reason, count in report.get("terminations", {}).items():
-            values[f"termination {reason} (share)"] = count / rollouts if rollouts else None
+        for reason in reasons:
+            values[f"termination {reason} (share)"] = share(report.get("terminations", {}).get(reason, 0))
         values["turns per rollout"] = report.get("turns_mean")
         values["tool calls per rollout"] = report.get("tool_calls_mean")
         values["rollouts calling a tool (share)"] = report.get("tool_use_rate")
-        values["parse errors per rollout"] = (
-            (report.get("parse_errors") or 0) / rollouts if rollouts else None
-        )
-        for name, tool in report.get("tools", {}).items():
-            values[f"tool {name}: calls per rollout"] = tool["calls"] / rollouts if rollouts else None
-            values[f"tool {name}: rollouts calling it (share)"] = (
-                tool["rollouts"] / rollouts if rollouts else None
-            )
+        values["parse errors per rollout"] = share(report.get("parse_errors") or 0)
+        for name in tool_names:
+            tool = report.get("tools", {}).get(name, {})
+            values[f"tool {name}: calls per rollout"] = share(tool.get("calls", 0))
+            values[f"tool {name}: rollouts calling it (share)"] = share(tool.get("rollouts", 0))
             values[f"tool {name}: error rate"] = tool.get("error_rate")
         values["generated tokens per rollout"] = report.get("tokens", {}).get("generated_mean")
         values["latency mean (s)"] = report.get("latency_s", {}).get("mean")

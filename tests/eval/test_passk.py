@@ -113,4 +113,8 @@ def test_comparison_reports_the_share_of_rollouts_calling_each_tool():
     metrics = {name: (left, right) for name, left, right in compare_metrics(before, after)}
     assert metrics["rollouts calling a tool (share)"] == (pytest.approx(0.5), pytest.approx(4 / 6))
     assert metrics["tool run_tests: rollouts calling it (share)"] == (pytest.approx(0.5), pytest.approx(0.5))
-    assert metrics["tool read_file: rollouts calling it (share)"] == (None, pytest.approx(2 / 6))
+    # read_file and the engine_error ending appear only in B: a share of 0 in A, not a missing value
+    assert metrics["tool read_file: rollouts calling it (share)"] == (0.0, pytest.approx(2 / 6))
+    assert metrics["tool read_file: calls per rollout"] == (0.0, pytest.approx(2 / 6))
+    assert metrics["tool read_file: error rate"][0] is None
+    assert metrics["termination engine_error (share)"] == (0.0, pytest.approx(1 / 6))
