@@ -2,8 +2,9 @@
 
     python examples/math/plot_stages.py runs/math-sft runs/math-grpo --out runs/math_curve.png
 
-Reads each run's ``metrics.jsonl``; the RL stage's steps are drawn after the warm-up's. Prints the
-held-out rewards: untrained (warm-up step 0), after warm-up, after RL.
+Reads each run's ``metrics.jsonl``; the RL stage's steps are drawn after the warm-up's. Draws the
+warm-up's loss, the RL train reward, the held-out reward and the held-out tool-use rate (share of
+rollouts calling a tool). Prints the held-out rewards: untrained (warm-up step 0), after warm-up, after RL.
 """
 
 from __future__ import annotations
@@ -43,19 +44,35 @@ def main() -> None:
         reward_axes.plot(*zip(*sft_eval, strict=True), "s-", color="tab:green", label="held-out (warm-up)")
     if rl_eval:
         reward_axes.plot(*zip(*rl_eval, strict=True), "o-", color="tab:orange", label="held-out (RL)")
+    tool_use = sorted(
+        (r["step"] + offset, r["eval/tool_use_rate"])
+        for offset, run in ((0, sft), (sft_steps, rl))
+        for r in run
+        if r["kind"] == "eval" and "eval/tool_use_rate" in r
+    )
+    if tool_use:
+        reward_axes.plot(*zip(*tool_use, strict=True), "x--", color="tab:purple", label="held-out tool use")
     reward_axes.axvline(sft_steps, color="grey", linestyle=":", label="warm-up ends")
     reward_axes.set_xlabel("step (warm-up, then RL)")
-    reward_axes.set_ylabel("mean reward")
+    reward_axes.set_ylabel("mean reward / rate")
     reward_axes.set_ylim(-0.02, 1.02)
     reward_axes.legend(loc="best")
     figure.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=110)
+    rates = dict(tool_use)
     if sft_eval:
-        print(f"held-out reward, untrained: {sft_eval[0][1]:.3f}; after warm-up: {sft_eval[-1][1]:.3f}")
+        first, last = sft_eval[0], sft_eval[-1]
+        print(
+            f"held-out reward, untrained: {first[1]:.3f} (tool use {rates.get(first[0], float('nan')):.3f}); "
+            f"after warm-up: {last[1]:.3f} (tool use {rates.get(last[0], float('nan')):.3f})"
+        )
     if rl_eval:
-        gain = rl_eval[-1][1] - rl_eval[0][1]
-        print(f"held-out reward after RL: {rl_eval[-1][1]:.3f} (RL gain {gain:+.3f})")
+        last = rl_eval[-1]
+        print(
+            f"held-out reward after RL: {last[1]:.3f} (tool use {rates.get(last[0], float('nan')):.3f}); "
+            f"RL gain {last[1] - rl_eval[0][1]:+.3f}"
+        )
     print(f"curve -> {args.out}")
 
 

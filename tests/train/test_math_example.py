@@ -1,0 +1,87 @@
+"""examples/math: the demonstration's stages agree on one task and one held-out set, and its data is real."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentboost.train.config import load_config
+from agentboost.train.sft import SFTDataConfig, load_examples, load_sft_config
+
+pytest.importorskip("reasoning_gym")
+
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "examples" / "math"
+
+
+def prepare_data_env_kwargs() -> dict:
+    """ENV_KWARGS of examples/math/prepare_data.py, read without importing the script as a module."""
+    text = (EXAMPLE / "prepare_data.py").read_text()
+    return json.loads(re.search(r"^ENV_KWARGS = (.*)$", text, re.MULTILINE).group(1))
+
+
+ENV_KWARGS = prepare_data_env_kwargs()
+
+
+def train_sh_settings() -> tuple[dict, dict[str, str]]:
+    """ENV_KWARGS and the options of the `agentboost eval` line in train.sh."""
+    text = (EXAMPLE / "train.sh").read_text()
+    env_kwargs = json.loads(re.search(r"^ENV_KWARGS='(.*)'$", text, re.MULTILINE).group(1))
+    command = re.search(r"agentboost eval --env math (.*?)--model", text, re.DOTALL).group(1)
+    options = dict(re.findall(r"(--?[a-z-]+) ([^\s\\-][^\s\\]*)", command))
+    return env_kwargs, options
+
+
+def test_every_stage_uses_the_same_task_and_held_out_evaluation():
+    sft = load_sft_config(EXAMPLE / "sft.yaml")
+    rl = load_config(EXAMPLE / "train.yaml")
+    env_kwargs, options = train_sh_settings()
+
+    assert ENV_KWARGS == sft.eval.kwargs == rl.environment.kwargs == env_kwargs
+    assert sft.eval.environment == rl.environment.name == "math"
+    assert rl.model.name_or_path == f"{sft.output_dir}/final"  # RL starts from the warm-up
+    # the trainer's held-out evaluations and `agentboost eval` score the same problems the same way
+    assert int(options["-n"]) == sft.eval.tasks == rl.eval.tasks >= 64
+    assert float(options["--temperature"]) == sft.eval.temperature == rl.eval.temperature == 0.0
+    assert int(options["--max-turns"]) == sft.eval.max_turns == rl.rollout.max_turns
+    assert int(options["--max-new-tokens"]) == sft.eval.max_new_tokens == rl.rollout.max_new_tokens
+    assert options["--split"] == "test"
+
+
+def test_prepared_demonstrations_come_from_the_train_split_and_train_only_the_agent(tmp_path, qwen_tokenizer):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "prepare_data.py"), "--out", str(tmp_path), "--demonstrations", "6"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "demonstrations.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+
+    from agentboost.envs.math_problems import MathEnvironment
+
+    held_out = {task.prompt for task in MathEnvironment(**ENV_KWARGS).tasks(256, seed=0, split="test")}
+    for row in rows:
+        user = next(m["content"] for m in row["messages"] if m["role"] == "user")
+        assert user not in held_out
+        tool_result = next(m["content"] for m in row["messages"] if m["role"] == "tool")
+        left, right = re.search(r"(\d+) \* (\d+)", user).groups()
+        assert tool_result == str(int(left) * int(right))  # the calculator's real output
+        assert row["messages"][-1]["content"] == f"Answer: {tool_result}"
+
+    examples, report = load_examples(
+        SFTDataConfig(paths=[str(tmp_path / "demonstrations.jsonl")]), qwen_tokenizer
+    )
+    assert report.kept == 6
+    trained = qwen_tokenizer.decode(
+        [t for t, m in zip(examples[0].token_ids, examples[0].loss_mask, strict=True) if m]
+    )
+    assert "calculator" in trained and trained.rstrip().endswith("<|im_end|>")
+    assert rows[0]["messages"][-1]["content"] in trained
+    assert "multiplication" not in trained and "math problems" not in trained  # prompts: context only
