@@ -94,7 +94,7 @@ def register_sft_command(subparsers: Any) -> argparse.ArgumentParser:
         "sft",
         help="supervised fine-tuning on rollout results (filtered by reward) or chat JSONL",
         description=(
-            "Train on the assistant tokens of trajectories: results JSONL written by `agentboost run` or "
+            "Train on the assistant tokens of trajectories: results JSONL written by `agentboost rollout` or "
             "`agentboost train` (token ids and loss mask used as stored; keep the good ones with "
             'data.min_reward=1.0) or chat JSONL ({"messages": [...], "tools": [...]}, rendered with '
             "agentboost's chat template). Settings as for `agentboost train`: CONFIG (YAML) then dotted "

@@ -2,7 +2,7 @@
 
 Two inputs, one token contract (the loss mask says which tokens the model produced):
 
-- **Results JSONL** (what ``agentboost run`` and the trainer write): each row's Trajectory already
+- **Results JSONL** (what ``agentboost rollout`` and the trainer write): each row's Trajectory already
   holds ``token_ids`` and ``loss_mask``; they are used as they are. Rows are kept by reward
   (``data.min_reward``) and failed rollouts are left out: rejection-sampling fine-tuning is
   "roll out, keep the successes, train on them".
