@@ -103,7 +103,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
                 concurrency=max(1, args.concurrency // args.workers),
                 template=args.template,
             )
-            async with WorkerPool(spec, args.workers) as pool:
+            async with WorkerPool(spec, args.workers, setup_timeout_s=args.worker_setup_timeout) as pool:
                 summary = await run_jobs(jobs, pool.execute, store, config, total=len(plan))
         else:
             from agentboost.engines.factory import load_tokenizer, make_engine
@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
     rollout.add_argument(
         "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
+    )
+    rollout.add_argument(
+        "--worker-setup-timeout",
+        type=number(minimum=0, inclusive=False),
+        default=600.0,
+        help="seconds a worker may take to build its environment, tokenizer and engine (default 600)",
     )
     rollout.add_argument(
         "--retries", type=count(0), default=2, help="extra attempts after an engine error or crash"

@@ -95,7 +95,10 @@ class WorkerPool:
     A worker that dies is replaced after a pause that doubles with each death in a row (from
     ``restart_backoff_s``); after ``max_restarts`` deaths in a row without a result between them,
     or as soon as a worker reports that it cannot be set up, the pool stops and every rollout
-    waiting on it fails with that cause.
+    waiting on it fails with that cause. A worker that has not finished its setup (environment,
+    tokenizer, engine) within ``setup_timeout_s`` is killed and the pool stops the same way: a hang
+    at start (a model load waiting on a dead mount, an environment blocking on a network call) does
+    not fix itself by restarting.
     """
 
     def __init__(
@@ -106,11 +109,15 @@ class WorkerPool:
         max_restarts: int = 5,
         restart_backoff_s: float = 0.5,
         max_restart_backoff_s: float = 30.0,
+        setup_timeout_s: float = 600.0,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"a worker pool needs at least one worker, got {workers!r}")
         if max_restarts < 0 or restart_backoff_s < 0:
             raise ConfigError("max_restarts and restart_backoff_s must be >= 0")
+        if not setup_timeout_s > 0:
+            raise ConfigError(f"setup_timeout_s must be > 0, got {setup_timeout_s!r}")
+        self.setup_timeout_s = setup_timeout_s
         self.spec = spec
         self.size = workers
         self.workers: list[_Worker] = []
@@ -177,7 +184,18 @@ class WorkerPool:
         reader = asyncio.StreamReader(limit=_LINE_LIMIT)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb"))
         worker = _Worker(process, reader)
-        first = await reader.readline()  # {"ready": true}, or {"fatal": ...} when setup failed
+        try:  # {"ready": true}, or {"fatal": ...} when setup failed
+            first = await asyncio.wait_for(reader.readline(), timeout=self.setup_timeout_s)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            self._fatal = WorkerSetupError(
+                f"worker process {process.pid} did not finish its setup (environment, tokenizer, engine) "
+                f"within {self.setup_timeout_s:g} s and was killed; if loading is just slow, raise the "
+                "setup timeout (agentboost rollout --worker-setup-timeout)"
+            )
+            raise self._fatal from None
         try:
             hello = json.loads(first) if first else {}
         except json.JSONDecodeError:

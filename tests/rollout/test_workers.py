@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,35 @@ def test_a_worker_that_dies_at_start_is_respawned_with_backoff_then_the_run_ends
     run(main())
     assert pool.started == 3  # the first start and two respawns, then it gave up
     assert pool.workers == []
+
+
+def test_a_worker_that_hangs_in_setup_is_killed_at_the_timeout_and_not_respawned(tokenizer_dir, importable):
+    spec = WorkerSpec.build("worker_envs:HangsAtStart", model=str(tokenizer_dir))
+    pool = WorkerPool(spec, workers=1, restart_backoff_s=0.01, setup_timeout_s=10)
+
+    async def main():
+        started = time.monotonic()
+        hang = r"did not finish its setup .* within 10 s and was killed"
+        with pytest.raises(WorkerSetupError, match=hang) as error:
+            async with pool:
+                pass
+        return time.monotonic() - started, str(error.value)
+
+    elapsed, message = run(main())
+    assert 10 <= elapsed < 60  # it waited for the timeout, not for the worker's hour-long sleep
+    assert pool.started == 1  # a hang is not retried
+    pid = int(re.search(r"worker process (\d+)", message).group(1))
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(pid, 0)
+
+
+def test_the_setup_timeout_must_be_positive(tokenizer_dir):
+    from agentboost.errors import ConfigError
+
+    spec = WorkerSpec.build("arithmetic", model=str(tokenizer_dir))
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="setup_timeout_s"):
+            WorkerPool(spec, workers=1, setup_timeout_s=bad)
 
 
 def test_a_config_error_in_a_worker_is_reported_once_with_its_own_message(tokenizer_dir):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from strands import tool
 
@@ -11,6 +12,19 @@ from agentboost.envs.base import Environment, Task
 
 def _in_a_worker() -> bool:
     return "AGENTBOOST_RESULT_FD" in os.environ
+
+
+class HangsAtStart(Environment):
+    """Never finishes building in a worker (a model load on a dead mount, a blocking network call)."""
+
+    name = "hangs_at_start"
+
+    def __init__(self) -> None:
+        if _in_a_worker():
+            time.sleep(3600)
+
+    def tasks(self, n=None, *, seed=0, split="train"):
+        return [Task("a", "a")]
 
 
 class CrashAtStart(Environment):
