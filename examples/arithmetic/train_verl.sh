@@ -41,10 +41,9 @@ EXPERIMENT_NAME=${EXPERIMENT_NAME:-arithmetic-${ADV_ESTIMATOR}-${ROLLOUT_BACKEND
 DATA_DIR=${DATA_DIR:-$HOME/data/agentboost/arithmetic-d${DIFFICULTY}}
 # ----------------------------------------------------------------------------------------------------
 
-case "$ROLLOUT_BACKEND" in
-    vllm | sglang) ;;
-    *) echo "ROLLOUT_BACKEND must be vllm or sglang, not '$ROLLOUT_BACKEND'" >&2; exit 2 ;;
-esac
+# shellcheck source=examples/verl_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../verl_common.sh"
+check_rollout_backend
 
 # Tasks as veRL parquet (the environment is stored by import reference, each task as JSON).
 ENV_KWARGS="{\"difficulty\": $DIFFICULTY}"
@@ -53,55 +52,5 @@ agentboost data to-verl --env arithmetic --env-kwargs "$ENV_KWARGS" --split trai
 agentboost data to-verl --env arithmetic --env-kwargs "$ENV_KWARGS" --split test -n "$VAL_TASKS" \
     --seed "$SEED" --out "$DATA_DIR/test.parquet"
 
-# The agent-loop config shipped inside the installed package; every node reads it. Where agentboost is
-# installed at different paths on different nodes, set
-# AGENT_LOOP_CONFIG=agentboost/integrations/verl/agent_loop.yaml (veRL resolves a relative path against
-# each node's site-packages).
-AGENT_LOOP_CONFIG=${AGENT_LOOP_CONFIG:-$(python -c 'import agentboost.integrations.verl as v; print(v.agent_loop_config_path())')}
-
-TRAINER=(python -m verl.trainer.main_ppo)
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    TRAINER=(python -m agentboost.integrations.verl.config)
-fi
-
-"${TRAINER[@]}" \
-    algorithm.adv_estimator="$ADV_ESTIMATOR" \
-    algorithm.use_kl_in_reward=False \
-    data.train_files="$DATA_DIR/train.parquet" \
-    data.val_files="$DATA_DIR/test.parquet" \
-    data.train_batch_size="$TRAIN_BATCH_SIZE" \
-    data.max_prompt_length="$MAX_PROMPT_LENGTH" \
-    data.max_response_length="$MAX_RESPONSE_LENGTH" \
-    data.filter_overlong_prompts=False \
-    data.seed="$SEED" \
-    actor_rollout_ref.model.path="$MODEL" \
-    actor_rollout_ref.model.use_remove_padding=True \
-    actor_rollout_ref.model.enable_gradient_checkpointing=True \
-    actor_rollout_ref.actor.optim.lr="$LEARNING_RATE" \
-    actor_rollout_ref.actor.ppo_mini_batch_size="$PPO_MINI_BATCH_SIZE" \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO_BATCH_SIZE_PER_GPU" \
-    actor_rollout_ref.actor.use_kl_loss=True \
-    actor_rollout_ref.actor.kl_loss_coef="$KL_LOSS_COEF" \
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-    actor_rollout_ref.actor.entropy_coeff="$ENTROPY_COEFF" \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$MICRO_BATCH_SIZE_PER_GPU" \
-    actor_rollout_ref.rollout.name="$ROLLOUT_BACKEND" \
-    actor_rollout_ref.rollout.mode=async \
-    actor_rollout_ref.rollout.n="$GROUP_SIZE" \
-    actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
-    actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP" \
-    actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEMORY_UTILIZATION" \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO_BATCH_SIZE_PER_GPU" \
-    actor_rollout_ref.rollout.calculate_log_probs=True \
-    actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOP_CONFIG" \
-    actor_rollout_ref.rollout.agent.default_agent_loop=agentboost \
-    actor_rollout_ref.rollout.agent.num_workers="$AGENT_WORKERS" \
-    trainer.logger='["console","wandb"]' \
-    trainer.project_name="$WANDB_PROJECT" \
-    trainer.experiment_name="$EXPERIMENT_NAME" \
-    trainer.n_gpus_per_node="$N_GPUS_PER_NODE" \
-    trainer.nnodes="$NNODES" \
-    trainer.save_freq="$SAVE_FREQ" \
-    trainer.test_freq="$TEST_FREQ" \
-    trainer.total_epochs="$TOTAL_EPOCHS" \
-    "$@"
+knob_overrides
+launch_verl "${KNOBS[@]}" "$@"

@@ -29,10 +29,9 @@ EXPERIMENT_NAME=${EXPERIMENT_NAME:-deepcoder-${ROLLOUT_BACKEND}}
 CONFIG=${CONFIG:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/verl.yaml}
 # ----------------------------------------------------------------------------------------------------
 
-case "$ROLLOUT_BACKEND" in
-    vllm | sglang) ;;
-    *) echo "ROLLOUT_BACKEND must be vllm or sglang, not '$ROLLOUT_BACKEND'" >&2; exit 2 ;;
-esac
+# shellcheck source=examples/verl_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../verl_common.sh"
+check_rollout_backend
 # Tasks as veRL parquet, unless prepared already (examples/deepcoder/prepare_data.py --verl also drops
 # training problems that are in the test set; this shortcut does not).
 if [[ ! -f "$DATA_DIR/train.parquet" ]]; then
@@ -64,23 +63,4 @@ for override in flat("", yaml.safe_load(open(sys.argv[1]))):
 PY
 )
 
-AGENT_LOOP_CONFIG=${AGENT_LOOP_CONFIG:-$(python -c 'import agentboost.integrations.verl as v; print(v.agent_loop_config_path())')}
-
-TRAINER=(python -m verl.trainer.main_ppo)
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    TRAINER=(python -m agentboost.integrations.verl.config)
-fi
-
-"${TRAINER[@]}" \
-    "${FROM_CONFIG[@]}" \
-    data.train_files="$DATA_DIR/train.parquet" \
-    data.val_files="$DATA_DIR/test.parquet" \
-    actor_rollout_ref.model.path="$MODEL" \
-    actor_rollout_ref.rollout.name="$ROLLOUT_BACKEND" \
-    actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP" \
-    actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOP_CONFIG" \
-    actor_rollout_ref.rollout.agent.num_workers="$AGENT_WORKERS" \
-    trainer.experiment_name="$EXPERIMENT_NAME" \
-    trainer.n_gpus_per_node="$N_GPUS_PER_NODE" \
-    trainer.nnodes="$NNODES" \
-    "$@"
+launch_verl "${FROM_CONFIG[@]}" "$@"
