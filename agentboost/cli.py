@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import errno
 import json
 import sys
 from typing import NoReturn
 
-from agentboost.cli_args import count, number
+from agentboost.cli_args import add_run_arguments, count, number, run_identity
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
 
@@ -52,20 +51,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
         from agentboost.engines.models import resolve_model
 
         resolve_model(args.model)
-    identity = {
-        "environment": args.env,
-        "environment_name": environment.name,
-        "environment_kwargs": environment_kwargs,
-        "split": args.split,
-        "seed": args.seed,
-        "model": args.model,
-        "template": args.template,
-        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
-        "limits": dataclasses.asdict(limits),
-        "tasks": len(tasks),
-        "samples": args.samples,
-        "engine": args.engine,
-    }
+    identity = run_identity(args, environment, environment_kwargs, sampling, limits, len(tasks))
     with ResultStore(
         args.out,
         resume=not args.fresh,
@@ -181,17 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.set_defaults(func=_cmd_pull)
 
     rollout = commands.add_parser("rollout", help="run an environment's tasks and write results (JSONL)")
-    rollout.add_argument(
-        "--env", default="arithmetic", help="environment name or module:Class (default: arithmetic)"
-    )
-    rollout.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
-    rollout.add_argument("-n", "--n", type=count(1), default=4, help="number of tasks (default: 4)")
-    rollout.add_argument("--split", default="train", help="task split (default: train)")
-    rollout.add_argument("--samples", type=count(1), default=1, help="rollouts per task (default: 1)")
-    rollout.add_argument("--seed", type=int, default=0, help="task and sampling seed")
-    rollout.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
-    rollout.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
-    rollout.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
+    add_run_arguments(rollout, split="train", n=4)
     rollout.add_argument(
         "--template",
         default=None,
@@ -199,21 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--out", default="runs/rollouts.jsonl", help="results JSONL (resumed if it exists)")
     rollout.add_argument(
-        "--fresh",
-        action="store_true",
-        help="start over instead of resuming --out (an agentboost results file)",
-    )
-    rollout.add_argument(
-        "--allow-different-settings",
-        action="store_true",
-        help="resume --out even though it was written with other settings (they are listed)",
-    )
-    rollout.add_argument(
         "--keep-failed",
         action="store_true",
         help="on resume, count failed rollouts in --out as done instead of running them again",
     )
-    rollout.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
     rollout.add_argument(
         "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
     )
@@ -222,18 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=number(minimum=0, inclusive=False),
         default=600.0,
         help="seconds a worker may take to build its environment, tokenizer and engine (default 600)",
-    )
-    rollout.add_argument(
-        "--retries", type=count(0), default=2, help="extra attempts after an engine error or crash"
-    )
-    rollout.add_argument("--temperature", type=number(minimum=0), default=0.7)
-    rollout.add_argument("--top-p", type=number(minimum=0, inclusive=False, maximum=1), default=1.0)
-    rollout.add_argument("--max-turns", type=count(1), default=None)
-    rollout.add_argument("--max-tool-calls", type=count(1), default=None)
-    rollout.add_argument("--max-total-tokens", type=count(1), default=None)
-    rollout.add_argument("--max-new-tokens", type=count(1), default=None, help="per turn")
-    rollout.add_argument(
-        "--timeout", type=number(minimum=0, inclusive=False), default=None, help="seconds per rollout"
     )
     rollout.set_defaults(func=_cmd_rollout)
 

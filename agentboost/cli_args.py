@@ -76,3 +76,75 @@ def limits_from_args(environment_limits: Any, args: argparse.Namespace) -> Any:
             "timeout_s": args.timeout,
         },
     )
+
+
+def run_identity(
+    args: argparse.Namespace,
+    environment: Any,
+    environment_kwargs: dict[str, Any],
+    sampling: Any,
+    limits: Any,
+    tasks: int,
+) -> dict[str, Any]:
+    """The ``run`` header of a results file written by ``rollout`` or ``eval``: what must match for a
+    resume to continue the same run (:data:`agentboost.rollout.results.NOT_COMPARED` lists the keys
+    that may change)."""
+    import dataclasses
+
+    return {
+        "environment": args.env,
+        "environment_name": environment.name,
+        "environment_kwargs": environment_kwargs,
+        "split": args.split,
+        "seed": args.seed,
+        "model": args.model,
+        "template": getattr(args, "template", None),
+        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
+        "limits": dataclasses.asdict(limits),
+        "tasks": tasks,
+        "samples": args.samples,
+        "engine": args.engine,
+    }
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | None) -> None:
+    """The options ``rollout`` and ``eval`` share: which tasks, which model and engine, how to sample,
+    how to resume, and the rollout limits (validated here, so both commands refuse the same input)."""
+    from agentboost.engines.models import DEFAULT_MODEL
+
+    parser.add_argument(
+        "--env", default="arithmetic", help="environment name or module:Class (default: arithmetic)"
+    )
+    parser.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
+    parser.add_argument(
+        "-n", "--n", type=count(1), default=n, help=f"number of tasks (default: {n if n else 'all'})"
+    )
+    parser.add_argument("--split", default=split, help=f"task split (default: {split})")
+    parser.add_argument("--samples", type=count(1), default=1, help="rollouts per task (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="task and sampling seed")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
+    parser.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
+    parser.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over instead of resuming --out (an agentboost results file)",
+    )
+    parser.add_argument(
+        "--allow-different-settings",
+        action="store_true",
+        help="resume --out even though it was written with other settings (they are listed)",
+    )
+    parser.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
+    parser.add_argument(
+        "--retries", type=count(0), default=2, help="extra attempts after an engine error or crash"
+    )
+    parser.add_argument("--temperature", type=number(minimum=0), default=0.7, help="0 for greedy")
+    parser.add_argument("--top-p", type=number(minimum=0, inclusive=False, maximum=1), default=1.0)
+    parser.add_argument("--max-turns", type=count(1), default=None)
+    parser.add_argument("--max-tool-calls", type=count(1), default=None)
+    parser.add_argument("--max-total-tokens", type=count(1), default=None)
+    parser.add_argument("--max-new-tokens", type=count(1), default=None, help="per turn")
+    parser.add_argument(
+        "--timeout", type=number(minimum=0, inclusive=False), default=None, help="seconds per rollout"
+    )

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from agentboost.engines.models import DEFAULT_MODEL
+from agentboost.cli_args import add_run_arguments
 
 
 def _default_out(args: argparse.Namespace) -> Path:
@@ -18,7 +18,7 @@ def _default_out(args: argparse.Namespace) -> Path:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
-    from agentboost.cli_args import limits_from_args
+    from agentboost.cli_args import limits_from_args, run_identity
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment, parse_json_object
@@ -57,6 +57,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
             retries=args.retries,
             seed=args.seed,
             fresh=args.fresh,
+            identity=run_identity(args, environment, kwargs, sampling, limits, len(tasks)),
+            allow_different=args.allow_different_settings,
             progress=not args.quiet,
             threshold=args.threshold,
             meta=meta,
@@ -129,30 +131,12 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
         ),
     )
     evaluate.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two reports")
-    evaluate.add_argument("--env", default="arithmetic", help="environment name or module:Class")
-    evaluate.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
-    evaluate.add_argument("--split", default="test", help="task split (default: test)")
-    evaluate.add_argument("-n", "--n", type=int, default=None, help="number of tasks (default: all)")
-    evaluate.add_argument("--samples", type=int, default=1, help="samples per task; pass@k for k <= this")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
-    evaluate.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
-    evaluate.add_argument("--url", action="append", help="server URL for remote engines (repeatable)")
+    add_run_arguments(evaluate, split="test", n=None)
     evaluate.add_argument(
         "--out", default=None, help="results JSONL, resumed (default: runs/eval/ENV-MODEL-SPLIT.jsonl)"
     )
     evaluate.add_argument("--report", default=None, help="report JSON (default: --out with .json)")
-    evaluate.add_argument("--fresh", action="store_true", help="start over instead of resuming --out")
-    evaluate.add_argument("--concurrency", type=int, default=16, help="rollouts in flight at once")
-    evaluate.add_argument("--retries", type=int, default=2, help="extra attempts after an engine error")
-    evaluate.add_argument("--temperature", type=float, default=0.7, help="0 for greedy")
-    evaluate.add_argument("--top-p", type=float, default=1.0)
     evaluate.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
-    evaluate.add_argument("--max-turns", type=int, default=None)
-    evaluate.add_argument("--max-tool-calls", type=int, default=None)
-    evaluate.add_argument("--max-total-tokens", type=int, default=None)
-    evaluate.add_argument("--max-new-tokens", type=int, default=None, help="per turn")
-    evaluate.add_argument("--timeout", type=float, default=None, help="seconds per rollout")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluate.set_defaults(func=_cmd_eval)
 

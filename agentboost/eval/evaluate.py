@@ -108,18 +108,24 @@ async def evaluate(
     retries: int = 2,
     seed: int = 0,
     fresh: bool = False,
+    identity: Mapping[str, Any] | None = None,
+    allow_different: bool = False,
     progress: bool = True,
     threshold: float = 1.0,
     meta: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], RunSummary]:
-    """Run ``tasks x samples`` rollouts (resuming ``out``) and report on exactly those rollouts."""
+    """Run ``tasks x samples`` rollouts (resuming ``out``) and report on exactly those rollouts.
+
+    ``identity`` is written as the results file's header; resuming a file written with other settings
+    is a ConfigError listing them, unless ``allow_different`` (see :class:`ResultStore`).
+    """
     if samples < 1:
         raise ConfigError(f"--samples must be at least 1, got {samples}")
     config = RunConfig(
         samples=samples, concurrency=concurrency, retries=retries, seed=seed, progress=progress
     )
     jobs = plan_jobs(environment, tasks, config)
-    with ResultStore(out, resume=not fresh) as store:
+    with ResultStore(out, resume=not fresh, identity=identity, allow_different=allow_different) as store:
         execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
         summary = await run_jobs(jobs, execute, store, config)
     planned = {(job.task_id, job.sample) for job in jobs}

@@ -188,3 +188,40 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path, capsys):
     bogus.write_text("{}")
     assert main(["eval", "--compare", str(bogus), str(bogus)]) == 2
     assert "not an agentboost eval report" in capsys.readouterr().err
+
+
+def test_resuming_an_evaluation_with_other_settings_is_refused_and_leaves_the_file(
+    checkpoints, tmp_path, capsys
+):
+    out = tmp_path / "e.jsonl"
+    args = ["eval", "--env", "test_eval:FirstTokenEven", "--model", str(checkpoints["base"]), "-n", "1"]
+    args += ["--out", str(out), "--quiet", "--max-new-tokens", "4"]
+    assert main([*args, "--temperature", "1.0"]) == 0
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["run"]["sampling"]["temperature"] == 1.0
+    assert header["run"]["model"] == str(checkpoints["base"]) and header["run"]["split"] == "test"
+    before = out.read_bytes()
+    capsys.readouterr()
+
+    assert main([*args, "--temperature", "0.5"]) == 2  # not a silent mix of two sampling settings
+    assert "temperature" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    other_model = ["--model", str(checkpoints["trained"])]
+    assert main([*args, *other_model, "--temperature", "1.0"]) == 2
+    assert out.read_bytes() == before
+
+    # more tasks or samples continue the same run; --allow-different-settings resumes knowingly
+    assert main([*args, "--temperature", "1.0", "--samples", "2"]) == 0
+    assert len(out.read_text().splitlines()) == 1 + 2
+    assert main([*args, "--temperature", "0.5", "--allow-different-settings"]) == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--concurrency", "0"], ["--samples", "0"], ["-n", "0"], ["--top-p", "0"], ["--temperature", "-1"]],
+)
+def test_eval_refuses_the_values_rollout_refuses(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--env", "arithmetic", *bad])
+    assert exit_.value.code == 2
+    assert bad[0] in capsys.readouterr().err
