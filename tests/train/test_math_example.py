@@ -85,3 +85,56 @@ def test_prepared_demonstrations_come_from_the_train_split_and_train_only_the_ag
     assert "calculator" in trained and trained.rstrip().endswith("<|im_end|>")
     assert rows[0]["messages"][-1]["content"] in trained
     assert "multiplication" not in trained and "math problems" not in trained  # prompts: context only
+
+
+@pytest.mark.slow
+def test_the_demonstration_runs_end_to_end_on_a_tiny_model(tmp_path, qwen_tokenizer):
+    """train.sh's stages on a tiny random Qwen3 (the real configs, shortened): prepare, warm-up,
+    GRPO from the warm-up's final model, the two-stage curve, and `agentboost eval` of the result."""
+    from conftest import tiny_qwen3
+
+    from agentboost.cli import main
+    from agentboost.eval.evaluate import load_report
+    from agentboost.train.logging import read_metrics
+
+    model = tmp_path / "tiny"
+    tiny_qwen3(hidden=32).save_pretrained(model)
+    qwen_tokenizer.save_pretrained(model)
+    data = tmp_path / "data"
+    prepare = [sys.executable, str(EXAMPLE / "prepare_data.py"), "--out", str(data), "--demonstrations", "8"]
+    assert subprocess.run(prepare, cwd=ROOT, capture_output=True).returncode == 0
+    short = ["eval.tasks=2", "threads=1"]
+
+    sft_run = tmp_path / "sft"
+    sft = [f"model.name_or_path={model}", f"data.paths=[{data / 'demonstrations.jsonl'}]", "steps=2"]
+    sft += ["batch_size=4", "eval.every=2", f"output_dir={sft_run}", *short]
+    assert main(["sft", str(EXAMPLE / "sft.yaml"), *sft]) == 0
+    evals = [r for r in read_metrics(sft_run / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert all(0.0 <= r["eval/tool_use_rate"] <= 1.0 for r in evals)
+
+    rl_run = tmp_path / "grpo"
+    rl = [f"model.name_or_path={sft_run / 'final'}", "steps=1", "rollout.tasks_per_step=2"]
+    rl += ["rollout.group_size=2", "eval.every=1", f"output_dir={rl_run}", "time_limit_minutes=null", *short]
+    assert main(["train", str(EXAMPLE / "train.yaml"), *rl]) == 0
+    records = read_metrics(rl_run / "metrics.jsonl")
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 1]
+    assert "rollout/tool_use_rate" in next(r for r in records if r["kind"] == "train")
+
+    curve = tmp_path / "curve.png"
+    plot = [sys.executable, str(EXAMPLE / "plot_stages.py"), str(sft_run), str(rl_run), "--out", str(curve)]
+    plotted = subprocess.run(plot, cwd=ROOT, capture_output=True, text=True)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert "RL gain" in plotted.stdout and curve.stat().st_size > 10_000
+
+    env_kwargs, options = train_sh_settings()
+    out = tmp_path / "final.jsonl"
+    evaluate = ["eval", "--env", "math", "--env-kwargs", json.dumps(env_kwargs), "--split", "test", "-n", "2"]
+    evaluate += ["--temperature", "0", "--max-turns", options["--max-turns"], "--max-new-tokens"]
+    evaluate += [options["--max-new-tokens"], "--model", str(rl_run / "final"), "--out", str(out), "--quiet"]
+    assert main(evaluate) == 0
+    report = load_report(out.with_suffix(".json"))
+    assert report["rollouts"] == 2 and report["tool_use_rate"] is not None
+    # the trainer's last held-out evaluation and `agentboost eval` score the same model and problems
+    last = [r for r in records if r["kind"] == "eval"][-1]
+    assert report["mean_reward"] == pytest.approx(last["eval/reward_mean"])
