@@ -9,7 +9,7 @@ import json
 import sys
 from typing import NoReturn
 
-from agentboost.cli_args import add_run_arguments, count, number, run_identity
+from agentboost.cli_args import add_run_arguments, count, run_identity
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
 
@@ -23,13 +23,9 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 async def _rollouts(args: argparse.Namespace) -> int:
     # the servers first: a wrong --url fails in about a second, before the agent stack is imported
-    if args.engine != "local":
-        from agentboost.engines.factory import check_servers, make_engine
+    from agentboost.engines.factory import check_engine_args
 
-        make_engine(args.engine, model=args.model, urls=args.url or ())  # validates --engine / --url
-        await check_servers(args.engine, args.url)
-    elif args.url:
-        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
+    await check_engine_args(args.engine, model=args.model, urls=args.url)
     from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
@@ -78,17 +74,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
         if args.workers:
             from agentboost.rollout.workers import WorkerPool, WorkerSpec
 
-            spec = WorkerSpec.build(
-                args.env,
-                model=args.model,
-                engine=args.engine,
-                urls=args.url,
-                environment_kwargs=environment_kwargs,
-                sampling=sampling,
-                limits=limits,
-                concurrency=max(1, args.concurrency // args.workers),
-                template=args.template,
-            )
+            spec = WorkerSpec.from_args(args, environment_kwargs, sampling, limits)
             async with WorkerPool(spec, args.workers, setup_timeout_s=args.worker_setup_timeout) as pool:
                 summary = await run_jobs(jobs, pool.execute, store, config, total=len(plan))
         else:
@@ -178,15 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-failed",
         action="store_true",
         help="on resume, count failed rollouts in --out as done instead of running them again",
-    )
-    rollout.add_argument(
-        "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
-    )
-    rollout.add_argument(
-        "--worker-setup-timeout",
-        type=number(minimum=0, inclusive=False),
-        default=600.0,
-        help="seconds a worker may take to build its environment, tokenizer and engine (default 600)",
     )
     rollout.set_defaults(func=_cmd_rollout)
 

@@ -104,6 +104,8 @@ def run_identity(
         "tasks": tasks,
         "samples": args.samples,
         "engine": args.engine,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
     }
 
 
@@ -136,6 +138,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | N
         help="resume --out even though it was written with other settings (they are listed)",
     )
     parser.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
+    parser.add_argument(
+        "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
+    )
+    parser.add_argument(
+        "--worker-setup-timeout",
+        type=number(minimum=0, inclusive=False),
+        default=600.0,
+        help="seconds a worker may take to build its environment, tokenizer and engine (default 600)",
+    )
     parser.add_argument(
         "--retries", type=count(0), default=2, help="extra attempts after an engine error or crash"
     )

@@ -342,3 +342,35 @@ def test_the_errors_table_matches_what_the_command_says(tmp_path):
     for command, status, message in rows:
         result = agentboost(*command.split(), cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"}, timeout=120)
         assert message in one_error(result, status=int(status)), command
+
+
+# --- eval in worker processes -------------------------------------------------------------------------------
+
+
+def test_eval_in_worker_processes_gives_the_in_process_results(server, tokenizer_dir, tmp_path):
+    from agentboost.eval.evaluate import load_report
+
+    results = {}
+    for workers in ("0", "2"):
+        out = tmp_path / f"w{workers}.jsonl"
+        command = ["eval", "--engine", "sglang", "--url", server.url, "--model", tokenizer_dir, "-n", "3"]
+        command += ["--samples", "2", "--workers", workers, "--out", out, "--quiet"]
+        done = agentboost(*command, cwd=tmp_path, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = load_report(out.with_suffix(".json"))
+        assert report["rollouts"] == 6 and report["scored"] == 6
+        header = json.loads(out.read_text().splitlines()[0])
+        assert header["run"]["workers"] == int(workers)
+        results[workers] = {(r.task_id, r.sample): r for r in read_results(out)}
+    assert results["0"].keys() == results["2"].keys()
+    for key, alone in results["0"].items():
+        pooled = results["2"][key]
+        assert pooled.trajectory.token_ids == alone.trajectory.token_ids
+        assert pooled.trajectory.loss_mask == alone.trajectory.loss_mask
+        assert pooled.reward == alone.reward
+
+
+def test_eval_refuses_a_url_without_a_remote_engine(tmp_path):
+    result = agentboost("eval", "--url", "http://127.0.0.1:9", "--out", tmp_path / "e.jsonl", cwd=tmp_path)
+    assert "--url is for remote engines" in one_error(result)
+    assert not (tmp_path / "e.jsonl").exists()

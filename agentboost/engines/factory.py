@@ -91,3 +91,15 @@ async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.
                     status=status,
                     attempts=1,
                 )
+
+
+async def check_engine_args(kind: str, *, model: str, urls: Sequence[str] | None) -> None:
+    """What ``rollout`` and ``eval`` check before anything heavy is imported: ``--engine`` and ``--url``
+    agree, and every remote server answers (:func:`check_servers`)."""
+    from agentboost.errors import ConfigError
+
+    if kind != "local":
+        make_engine(kind, model=model, urls=urls or ())  # validates --engine / --url
+        await check_servers(kind, urls or ())
+    elif urls:
+        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")

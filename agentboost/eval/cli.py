@@ -18,9 +18,11 @@ def _default_out(args: argparse.Namespace) -> Path:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
+    from agentboost.engines.factory import check_engine_args
+
+    await check_engine_args(args.engine, model=args.model, urls=args.url)
     from agentboost.cli_args import limits_from_args, run_identity
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment, parse_json_object
     from agentboost.eval.evaluate import evaluate, summary_text, write_report
 
@@ -31,8 +33,6 @@ async def _evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(args)
     report_path = Path(args.report) if args.report else out.with_suffix(".json")
     tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
-    tokenizer = load_tokenizer(args.model)
-    engine = make_engine(args.engine, model=args.model, urls=args.url or ())
     meta = {
         "environment": args.env,
         "environment_kwargs": kwargs,
@@ -43,28 +43,36 @@ async def _evaluate(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "top_p": args.top_p,
     }
-    try:
-        report, summary = await evaluate(
-            environment,
-            engine,
-            tokenizer,
-            tasks,
-            out=out,
-            samples=args.samples,
-            sampling=sampling,
-            limits=limits,
-            concurrency=args.concurrency,
-            retries=args.retries,
-            seed=args.seed,
-            fresh=args.fresh,
-            identity=run_identity(args, environment, kwargs, sampling, limits, len(tasks)),
-            allow_different=args.allow_different_settings,
-            progress=not args.quiet,
-            threshold=args.threshold,
-            meta=meta,
-        )
-    finally:
-        await engine.aclose()
+    options = {
+        "out": out,
+        "samples": args.samples,
+        "sampling": sampling,
+        "limits": limits,
+        "concurrency": args.concurrency,
+        "retries": args.retries,
+        "seed": args.seed,
+        "fresh": args.fresh,
+        "identity": run_identity(args, environment, kwargs, sampling, limits, len(tasks)),
+        "allow_different": args.allow_different_settings,
+        "progress": not args.quiet,
+        "threshold": args.threshold,
+        "meta": meta,
+    }
+    if args.workers:  # rollouts in worker processes, each with its own engine client (or model)
+        from agentboost.rollout.workers import WorkerPool, WorkerSpec
+
+        spec = WorkerSpec.from_args(args, kwargs, sampling, limits)
+        async with WorkerPool(spec, args.workers, setup_timeout_s=args.worker_setup_timeout) as pool:
+            report, summary = await evaluate(environment, None, None, tasks, execute=pool.execute, **options)
+    else:
+        from agentboost.engines.factory import load_tokenizer, make_engine
+
+        tokenizer = load_tokenizer(args.model)
+        engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+        try:
+            report, summary = await evaluate(environment, engine, tokenizer, tasks, **options)
+        finally:
+            await engine.aclose()
     write_report(report, report_path)
     print(summary_text(report))
     print(f"({summary.skipped} rollouts resumed from {out}) report -> {report_path}")

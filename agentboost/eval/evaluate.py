@@ -22,7 +22,7 @@ from agentboost.errors import ConfigError
 from agentboost.eval.passk import pass_table, task_counts
 from agentboost.eval.stats import tool_usage_stats
 from agentboost.rollout.results import ResultStore, read_results
-from agentboost.rollout.runner import RunConfig, RunSummary, in_process, plan_jobs, run_jobs
+from agentboost.rollout.runner import Execute, RunConfig, RunSummary, in_process, plan_jobs, run_jobs
 
 REPORT_FORMAT = "agentboost.eval"
 REPORT_VERSION = 1
@@ -96,7 +96,7 @@ def build_report(
 
 async def evaluate(
     environment: Environment,
-    engine: Engine,
+    engine: Engine | None,
     tokenizer: Any,
     tasks: Sequence[Any],
     *,
@@ -113,11 +113,14 @@ async def evaluate(
     progress: bool = True,
     threshold: float = 1.0,
     meta: Mapping[str, Any] | None = None,
+    execute: Execute | None = None,
 ) -> tuple[dict[str, Any], RunSummary]:
     """Run ``tasks x samples`` rollouts (resuming ``out``) and report on exactly those rollouts.
 
     ``identity`` is written as the results file's header; resuming a file written with other settings
-    is a ConfigError listing them, unless ``allow_different`` (see :class:`ResultStore`).
+    is a ConfigError listing them, unless ``allow_different`` (see :class:`ResultStore`). ``execute``
+    runs the rollouts elsewhere (a :class:`~agentboost.rollout.workers.WorkerPool`'s ``execute``);
+    by default they run in this process on ``engine`` and ``tokenizer``.
     """
     if samples < 1:
         raise ConfigError(f"--samples must be at least 1, got {samples}")
@@ -126,7 +129,8 @@ async def evaluate(
     )
     jobs = plan_jobs(environment, tasks, config)
     with ResultStore(out, resume=not fresh, identity=identity, allow_different=allow_different) as store:
-        execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
+        if execute is None:
+            execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
         summary = await run_jobs(jobs, execute, store, config)
     planned = {(job.task_id, job.sample) for job in jobs}
     results = [r for r in read_results(out) if (r.task_id, r.sample) in planned]

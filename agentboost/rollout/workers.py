@@ -70,6 +70,27 @@ class WorkerSpec:
             template=template,
         )
 
+    @classmethod
+    def from_args(
+        cls,
+        args: Any,
+        environment_kwargs: Mapping[str, Any],
+        sampling: SamplingParams,
+        limits: RolloutLimits,
+    ) -> WorkerSpec:
+        """The spec for ``agentboost rollout`` / ``eval`` options (``--concurrency`` split over workers)."""
+        return cls.build(
+            args.env,
+            model=args.model,
+            engine=args.engine,
+            urls=args.url,
+            environment_kwargs=environment_kwargs,
+            sampling=sampling,
+            limits=limits,
+            concurrency=max(1, args.concurrency // args.workers),
+            template=getattr(args, "template", None),
+        )
+
 
 class WorkerSetupError(AgentBoostError):
     """A worker could not build its environment, tokenizer or engine, or workers kept dying at start.
