@@ -11,10 +11,29 @@ import json
 from typing import Any
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, cls: type, extra: list[str] = ()) -> Any:
+    """The settings of ``train`` / ``sft``: CONFIG (a first argument with ``=`` is an override, not a
+    file), then the KEY=VALUE overrides, then ``extra``."""
     from agentboost.train.config import load_config
 
-    config = load_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # only overrides were given
+        config, overrides = None, [config, *overrides]
+    return load_config(config, [*overrides, *extra], cls=cls)
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", default=None, help="YAML config file (omit for the defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="setting overrides, dotted keys")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
+    )
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from agentboost.train.config import TrainConfig
+
+    config = _load(args, TrainConfig)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
@@ -45,24 +64,15 @@ def register_train_command(subparsers: Any) -> argparse.ArgumentParser:
             "the same output_dir resumes from its latest checkpoint."
         ),
     )
-    parser.add_argument("config", nargs="?", default=None, help="YAML config file (omit for the defaults)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="setting overrides, dotted keys")
-    parser.add_argument(
-        "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
-    )
+    _add_config_arguments(parser)
     parser.set_defaults(func=_cmd_train)
     return parser
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentboost.train.sft import load_sft_config
+    from agentboost.train.sft import SFTConfig
 
-    overrides = list(args.overrides)
-    if args.config is not None and "=" in args.config:  # only overrides were given
-        args.config, overrides = None, [args.config, *overrides]
-    if args.data:
-        overrides.append(f"data.paths={json.dumps(args.data)}")
-    config = load_sft_config(args.config, overrides)
+    config = _load(args, SFTConfig, [f"data.paths={json.dumps(args.data)}"] if args.data else [])
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
@@ -101,13 +111,9 @@ def register_sft_command(subparsers: Any) -> argparse.ArgumentParser:
             "KEY=VALUE overrides, e.g. optimizer.lr=5e-5 batch_size=16 lora.enabled=true."
         ),
     )
-    parser.add_argument("config", nargs="?", default=None, help="YAML config file (omit for the defaults)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="setting overrides, dotted keys")
+    _add_config_arguments(parser)
     parser.add_argument(
         "--data", action="append", default=[], metavar="JSONL", help="a data file (repeatable; = data.paths)"
-    )
-    parser.add_argument(
-        "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
     )
     parser.set_defaults(func=_cmd_sft)
     return parser

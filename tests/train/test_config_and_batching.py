@@ -75,6 +75,15 @@ def test_the_train_command_parses_overrides(tmp_path, capsys):
     assert printed["optimizer"] == TrainConfig().to_dict()["optimizer"]
 
 
+def test_the_train_command_takes_overrides_without_a_config_file(capsys):
+    parser = argparse.ArgumentParser(prog="agentboost")
+    register_train_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "steps=3", "rollout.temperature=0.7", "--print-config"])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["steps"] == 3 and printed["rollout"]["temperature"] == 0.7
+
+
 def test_the_example_config_loads():
     config = load_config(Path(__file__).parents[2] / "examples" / "arithmetic" / "train.yaml")
     assert config.environment.name == "arithmetic"
