@@ -4,17 +4,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import sys
 from pathlib import Path
 
 from agentboost.cli_args import add_run_arguments
+from agentboost.io_safety import add_force_argument, claim_output, refuse_special_file
 
 
 def _default_out(args: argparse.Namespace) -> Path:
     model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(args.model.rstrip("/")).name or args.model).strip("-")
     environment = re.sub(r"[^A-Za-z0-9._-]+", "-", args.env).strip("-")
     return Path("runs/eval") / f"{environment}-{model}-{args.split}.jsonl"
+
+
+def _is_report_of(path: Path, results: Path) -> bool:
+    """Whether ``path`` is the report an earlier ``eval`` wrote for the same results file."""
+    from agentboost.eval.evaluate import REPORT_FORMAT
+
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(report, dict)
+        and report.get("format") == REPORT_FORMAT
+        and report.get("results") == str(results)
+    )
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
@@ -31,7 +48,13 @@ async def _evaluate(args: argparse.Namespace) -> int:
     limits = limits_from_args(environment.limits, args)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     out = Path(args.out) if args.out else _default_out(args)
-    report_path = Path(args.report) if args.report else out.with_suffix(".json")
+    report_path = claim_output(
+        Path(args.report) if args.report else out.with_suffix(".json"),
+        option="--report",
+        force=args.force,
+        inputs=[out],
+        ours=lambda existing: _is_report_of(existing, out),
+    )
     tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
     meta = {
         "environment": args.env,
@@ -93,6 +116,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from agentboost.eval.stats import tool_usage_stats
     from agentboost.rollout.results import read_results
 
+    prefix = Path(args.out) if args.out else Path(args.results[0]).with_suffix(".stats")
+    refuse_special_file(prefix, "-o")
+    markdown_path, json_path = (
+        claim_output(f"{prefix}{suffix}", option="-o", force=args.force, inputs=args.results)
+        for suffix in (".md", ".json")
+    )
     groups = []
     for position, path in enumerate(args.results):
         groups.append((path, list(read_results(path)), position))
@@ -101,11 +130,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         test_tool=args.test_tool,
     )
-    prefix = Path(args.out) if args.out else Path(args.results[0]).with_suffix(".stats")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     markdown = stats.to_markdown()
-    Path(f"{prefix}.md").write_text(markdown, encoding="utf-8")
-    Path(f"{prefix}.json").write_text(stats.to_json() + "\n", encoding="utf-8")
+    markdown_path.write_text(markdown, encoding="utf-8")
+    json_path.write_text(stats.to_json() + "\n", encoding="utf-8")
     print(markdown)
     print(f"-> {prefix}.md, {prefix}.json", file=sys.stderr)
     if args.plot:
@@ -121,7 +148,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_view(args: argparse.Namespace) -> int:
     from agentboost.view.html import write_report
 
-    out = args.out or str(Path(args.results[0]).with_suffix(".html"))
+    out = claim_output(
+        args.out or Path(args.results[0]).with_suffix(".html"),
+        option="-o",
+        force=args.force,
+        inputs=args.results,
+    )
     count = write_report(
         args.results, out, tokenizer=args.tokenizer, threshold=args.threshold, title=args.title
     )
@@ -146,6 +178,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--report", default=None, help="report JSON (default: --out with .json)")
     evaluate.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_force_argument(evaluate, "the --report file")
     evaluate.set_defaults(func=_cmd_eval)
 
 
@@ -166,6 +199,7 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
         "--test-tool", default=None, help="coding: the test tool (default: tools recording a status)"
     )
     stats.add_argument("--plot", default=None, metavar="DIR", help="also write PNG plots into DIR")
+    add_force_argument(stats, "PREFIX.md and PREFIX.json")
     stats.set_defaults(func=_cmd_stats)
 
 
@@ -183,6 +217,7 @@ def _add_view(commands: argparse._SubParsersAction) -> None:
     )
     view.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
     view.add_argument("--title", default=None, help="page title")
+    add_force_argument(view)
     view.set_defaults(func=_cmd_view)
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from agentboost.errors import ConfigError
+from agentboost.io_safety import add_force_argument, claim_output
 
 FORMATS = ("chat", "sft", "parquet", "hf")
 
@@ -31,6 +32,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         scored_only=args.scored_only or sft,
         skip_failed=not args.keep_failed if sft else args.skip_failed,
         skip_parse_errors=sft and not args.keep_parse_errors,
+    )
+    claim_output(
+        args.out, option="-o", force=args.force, inputs=[args.results], directory=args.format == "hf"
     )
     results = read_results(args.results)
     if args.format == "chat":
@@ -88,4 +92,5 @@ def register_export_command(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--env", default=None, help="sft: environment whose tool schemas to list")
     export.add_argument("--env-kwargs", default=None, help="sft: JSON keyword arguments for --env")
     export.add_argument("--tools", default=None, help="sft: a JSON file with the OpenAI function schemas")
+    add_force_argument(export)
     export.set_defaults(func=_cmd_export)

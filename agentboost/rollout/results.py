@@ -196,8 +196,9 @@ class ResultStore:
                         f"({'; '.join(self.differences)}); resume with the same settings, pass "
                         "--allow-different-settings to resume anyway, or choose another --out"
                     )
-            self.torn_bytes = self._truncate_torn_tail()
-            self._scan(plan, redo_failed, environment_name)
+            keep = self._complete_length()
+            self._scan(plan, redo_failed, environment_name, keep)
+            self.torn_bytes = self._truncate(keep)  # only once every line was found to be ours
             self._fd = self._open(os.O_WRONLY | os.O_APPEND)
             return
         self._create(truncate=self.path.exists())
@@ -226,37 +227,48 @@ class ResultStore:
                 self.path.unlink(missing_ok=True)  # we made it; leave nothing half-made behind
             raise
 
-    def _truncate_torn_tail(self) -> int:
-        """Cut everything after the last newline (a line the previous run did not finish)."""
-        size = self.path.stat().st_size
+    def _complete_length(self) -> int:
+        """Bytes up to and including the last newline (after it: a line the previous run did not finish)."""
         try:
-            with open(self.path, "rb+") as handle:
-                position, chunk = size, 65536
+            with open(self.path, "rb") as handle:
+                position = handle.seek(0, os.SEEK_END)
                 while position > 0:
-                    start = max(0, position - chunk)
+                    start = max(0, position - 65536)
                     handle.seek(start)
-                    data = handle.read(position - start)
-                    newline = data.rfind(b"\n")
+                    newline = handle.read(position - start).rfind(b"\n")
                     if newline >= 0:
-                        keep = start + newline + 1
-                        break
+                        return start + newline + 1
                     position = start
-                else:
-                    keep = 0
-                if keep < size:
-                    handle.truncate(keep)
+        except OSError as error:
+            raise UserPathError.from_os_error(self.path, error, "resume") from error
+        return 0
+
+    def _truncate(self, keep: int) -> int:
+        """Cut the torn tail after ``keep`` bytes; returns how many bytes were cut."""
+        try:
+            size = self.path.stat().st_size
+            if keep < size:
+                os.truncate(self.path, keep)
         except OSError as error:
             raise UserPathError.from_os_error(self.path, error, "resume") from error
         return size - keep
 
-    def _scan(self, plan: Collection[Key] | None, redo_failed: bool, environment_name: str | None) -> None:
-        """Validate every line; fill :attr:`done` and :attr:`failed`."""
+    def _scan(
+        self, plan: Collection[Key] | None, redo_failed: bool, environment_name: str | None, length: int
+    ) -> None:
+        """Validate every complete line (the first ``length`` bytes); fill :attr:`done` and :attr:`failed`.
+
+        Reads only: nothing is cut or written until the whole file is found to be this run's."""
         last_ok: dict[Key, bool] = {}
         where: dict[Key, int] = {}
         plan_tasks = {task_id for task_id, _ in plan} if plan is not None else None
-        with open(self.path, encoding="utf-8", errors="replace") as handle:
-            next(handle)  # the header
-            for number, line in enumerate(handle, start=2):
+        with open(self.path, "rb") as handle:
+            consumed = len(handle.readline())  # the header
+            for number, raw in enumerate(handle, start=2):
+                consumed += len(raw)
+                if consumed > length:  # the torn tail: not a line yet
+                    break
+                line = raw.decode("utf-8", errors="replace")
                 if not line.strip():
                     continue
                 at = f"{self.path}:{number}"

@@ -238,8 +238,11 @@ def render_chat(
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL file; the header of an agentboost results file is skipped."""
+    from agentboost.rollout.results import RESULTS_FORMAT
+
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
     with handle:
@@ -248,10 +251,15 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"{path}:{number} is not JSON ({error.msg})") from error
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                reason = error.msg if isinstance(error, json.JSONDecodeError) else "not UTF-8 text"
+                raise ConfigError(
+                    f"{path}:{number} is not JSON ({reason}); --data takes JSONL of chats or results"
+                ) from error
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}:{number} must be a JSON object")
+            if number == 1 and row.get("format") == RESULTS_FORMAT:
+                continue  # the run header of a results file written by rollout, eval or train
             yield number, row
 
 

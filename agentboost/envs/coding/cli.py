@@ -6,10 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from agentboost.io_safety import add_force_argument
+
 
 def _cmd_prepare_coding(args: argparse.Namespace) -> int:
     from agentboost.envs.coding.data import prepare_tasks, write_tasks
+    from agentboost.io_safety import claim_output
 
+    claim_output(args.out, option="--out", force=args.force, inputs=args.sources)
+    if args.verl_out:
+        claim_output(args.verl_out, option="--verl-out", force=args.force, inputs=[args.out])
     report = prepare_tasks(
         args.sources,
         split=args.split,
@@ -63,4 +69,5 @@ def register_prepare_coding(data_commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--verl-out", default=None, help="also write veRL parquet (PATH.parquet) for these tasks"
     )
+    add_force_argument(parser, "--out and --verl-out")
     parser.set_defaults(func=_cmd_prepare_coding)

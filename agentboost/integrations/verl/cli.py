@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from agentboost.io_safety import add_force_argument
+
 
 def _cmd_data_to_verl(args: argparse.Namespace) -> int:
     from agentboost.envs.registry import parse_json_object
     from agentboost.integrations.verl.data import write_verl_dataset
+    from agentboost.io_safety import claim_output
 
+    claim_output(args.out, option="--out", force=args.force)
     path, count = write_verl_dataset(
         args.env,
         args.out,
@@ -57,6 +61,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     to_verl.add_argument(
         "--data-source", default=None, help="veRL data_source column (default: the environment's name)"
     )
+    add_force_argument(to_verl)
     to_verl.set_defaults(func=_cmd_data_to_verl)
     from agentboost.envs.coding.cli import register_prepare_coding
 
