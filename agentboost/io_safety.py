@@ -17,9 +17,10 @@ The parent directories are created here, so an unusable path fails before the wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from agentboost.errors import ConfigError, UserPathError
@@ -104,3 +105,18 @@ def claim_output(
             target.parent, PermissionError(13, "Permission denied"), "write into"
         )
     return target
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path next to ``path`` to write; renamed onto ``path`` only if the block succeeds.
+
+    A command that fails half-way leaves neither a half-written output nor an empty file behind.
+    """
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        yield partial
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)

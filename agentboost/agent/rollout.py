@@ -25,6 +25,7 @@ from strands.agent.conversation_manager import NullConversationManager
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.provider import TokenModel, invalid_tool_call
+from agentboost.agent.sync_tools import use_daemon_threads
 from agentboost.agent.termination import RolloutGuard, StopSignal, classify_error
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams, bound
 from agentboost.errors import ConfigError, EngineError, EnvironmentStepError
@@ -96,6 +97,7 @@ async def run_agent(
     template or environment error, a crash inside the agent) is recorded as the trajectory's
     termination reason, keeping everything generated so far.
     """
+    use_daemon_threads()  # a synchronous tool that hangs must not outlive the rollout's timeout
     sampling = sampling or SamplingParams()
     if sampling.max_new_tokens != SamplingParams.max_new_tokens:
         raise ConfigError(

@@ -36,7 +36,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     claim_output(
         args.out, option="-o", force=args.force, inputs=[args.results], directory=args.format == "hf"
     )
-    results = read_results(args.results)
+    read = 0
+
+    def counted():
+        nonlocal read
+        for result in read_results(args.results):
+            read += 1
+            yield result
+
+    results = counted()
     if args.format == "chat":
         count = write_chat(results, args.out, keep)
     elif sft:
@@ -58,7 +66,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         count = write_parquet(results, args.out, keep)
     else:
         count = write_hf_dataset(results, args.out, keep)
-    print(f"{count} rollouts -> {args.out} ({args.format})")
+    dropped = f"; {read - count} of {read} left out by the filters" if read != count else ""
+    print(f"{count} rollouts -> {args.out} ({args.format}{dropped})")
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError
+from agentboost.io_safety import replaced_atomically
 
 if TYPE_CHECKING:
     import pyarrow
@@ -300,14 +301,14 @@ def write_chat(
     results: Iterable[RolloutResult], path: str | os.PathLike[str], keep: ExportFilter | None = None
 ) -> int:
     """The chat form: JSON Lines, or one indented JSON list when ``path`` ends in ``.json``."""
-    target = _prepare(path)
     records = [chat_record(result) for result in _kept(results, keep)]
-    if target.suffix == ".json":
-        target.write_text(json.dumps(records, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    else:
-        with open(target, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    with replaced_atomically(_prepare(path)) as target:
+        if Path(path).suffix == ".json":
+            target.write_text(json.dumps(records, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        else:
+            with open(target, "w", encoding="utf-8") as handle:
+                for record in records:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     return len(records)
 
 
@@ -321,7 +322,7 @@ def write_sft(
 ) -> int:
     """SFT JSON Lines: one ``{"messages", "tools"}`` object per kept rollout."""
     count = 0
-    with open(_prepare(path), "w", encoding="utf-8") as handle:
+    with replaced_atomically(_prepare(path)) as target, open(target, "w", encoding="utf-8") as handle:
         for result in _kept(results, keep):
             record = sft_record(result, tools(result), reasoning=reasoning)
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -336,7 +337,8 @@ def write_parquet(
     import pyarrow.parquet as pq
 
     table = token_table(_kept(results, keep))
-    pq.write_table(table, _prepare(path))
+    with replaced_atomically(_prepare(path)) as target:
+        pq.write_table(table, target)
     return table.num_rows
 
 

@@ -98,7 +98,9 @@ def test_sft_keeps_scored_clean_rollouts_and_lists_the_tool_schemas(
     assert '"name": "add"' in text and "<tool_response>\n42\n</tool_response>" in text
     assert text.rstrip().endswith("Answer: 84<|im_end|>")
     # --keep-parse-errors brings the third one back; with no filter the unscored one stays out
-    code = main(["export", str(results_path), "-o", str(out), "--format", "sft", "--keep-parse-errors"])
+    code = main(
+        ["export", str(results_path), "-o", str(out), "--format", "sft", "--keep-parse-errors", "--force"]
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 5
     from datasets import Dataset

@@ -1,0 +1,81 @@
+"""Nothing keeps the process alive: the real `agentboost` command in a subprocess, a real hung tool.
+
+A synchronous tool that never returns (a plain ``def`` Strands runs on a thread) ends its rollout at
+``--timeout`` and the process then exits; Ctrl-C while it hangs ends the process with status 130.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cli_errors import BackgroundServer
+
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.rollout.results import read_results
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+CALL = '<tool_call>\n{"name": "wait_forever", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture
+def server(say):
+    running = BackgroundServer(ScriptedEngine([say(CALL)], cycle=True))
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(qwen_tokenizer, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tokenizer")
+    qwen_tokenizer.save_pretrained(directory)
+    return directory
+
+
+def start(server, tokenizer_dir, cwd, *extra):
+    command = [sys.executable, "-m", "agentboost.cli", "rollout", "--env", "hung_tool_env:HungTool"]
+    command += ["--engine", "sglang", "--url", server.url, "--model", str(tokenizer_dir), "-n", "1"]
+    command += ["--out", "r.jsonl", *extra]
+    pythonpath = os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": pythonpath, "AGENTBOOST_TEST_MARKER": str(cwd / "entered")}
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(process, timeout=120):
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the process was still alive after {timeout} s: {err[-2000:]}")
+    return process.returncode, out, err
+
+
+def test_a_hung_synchronous_tool_ends_at_the_timeout_and_the_process_exits(server, tokenizer_dir, tmp_path):
+    process = start(server, tokenizer_dir, tmp_path, "--timeout", "2")
+    status, _, err = finish(process)
+    assert (tmp_path / "entered").exists()
+    assert status == 0, err[-2000:]
+    [result] = list(read_results(tmp_path / "r.jsonl"))
+    assert result.trajectory.termination.value == "timeout"
+
+
+def test_ctrl_c_ends_a_run_whose_synchronous_tool_hangs(server, tokenizer_dir, tmp_path):
+    process = start(server, tokenizer_dir, tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "entered").exists():
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the tool was never called"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    status, _, err = finish(process)
+    assert status == 130, err[-2000:]
+    assert "agentboost: interrupted" in err
