@@ -67,7 +67,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
                 f"agentboost: resuming {args.out} with other settings: {'; '.join(store.differences)}",
                 file=sys.stderr,
             )
-        redo = len(store.failed & plan) if not args.keep_failed else 0
+        redo = sum(key in plan for key in store.failed) if not args.keep_failed else 0
         if redo:
             print(f"agentboost: running {redo} failed rollouts of {args.out} again", file=sys.stderr)
         jobs = iter_jobs(environment, tasks, config)

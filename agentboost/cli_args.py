@@ -11,9 +11,20 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+MAX_TASKS = 1_000_000
+"""-n: a run's tasks are built and held in memory before it starts (split a bigger run with --seed)."""
+MAX_SAMPLES = 10_000
+"""--samples: rollouts per task."""
+MAX_CONCURRENCY = 4_096
+"""--concurrency: rollouts in flight at once, each holding its conversation and a slot of the engine."""
 
-def count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum`` (zeros and negatives are rejected, never replaced)."""
+
+TASKS_WHY = " (a run's tasks are held in memory; split a bigger run into several with --seed)"
+
+
+def count(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (zeros and negatives are rejected, never replaced)
+    and, when given, <= ``maximum`` (``why`` says what the limit protects)."""
 
     def parse(text: str) -> int:
         try:
@@ -22,6 +33,8 @@ def count(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:,}, got {value:,}{why}")
         return value
 
     return parse
@@ -43,6 +56,17 @@ def number(*, minimum: float, inclusive: bool = True, maximum: float | None = No
         return value
 
     return parse
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: any finite number (``nan`` and ``inf`` are refused where a number enters)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def port(text: str) -> int:
@@ -119,10 +143,16 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | N
     )
     parser.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for the environment")
     parser.add_argument(
-        "-n", "--n", type=count(1), default=n, help=f"number of tasks (default: {n if n else 'all'})"
+        "-n",
+        "--n",
+        type=count(1, MAX_TASKS, TASKS_WHY),
+        default=n,
+        help=f"number of tasks (default: {n if n else 'all'})",
     )
     parser.add_argument("--split", default=split, help=f"task split (default: {split})")
-    parser.add_argument("--samples", type=count(1), default=1, help="rollouts per task (default: 1)")
+    parser.add_argument(
+        "--samples", type=count(1, MAX_SAMPLES), default=1, help="rollouts per task (default: 1)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="task and sampling seed")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model id or directory (tokenizer too)")
     parser.add_argument("--engine", default="local", choices=["local", "sglang", "vllm"])
@@ -137,7 +167,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | N
         action="store_true",
         help="resume --out even though it was written with other settings (they are listed)",
     )
-    parser.add_argument("--concurrency", type=count(1), default=16, help="rollouts in flight at once")
+    parser.add_argument(
+        "--concurrency",
+        type=count(1, MAX_CONCURRENCY, " (rollouts in flight at once; more only adds waiting)"),
+        default=16,
+        help="rollouts in flight at once",
+    )
     parser.add_argument(
         "--workers", type=count(0), default=0, help="worker processes (0: run in this process)"
     )

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from agentboost.cli_args import add_run_arguments
+from agentboost.cli_args import add_run_arguments, finite_float
 from agentboost.io_safety import add_force_argument, claim_output, refuse_special_file
 
 
@@ -176,7 +176,9 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
         "--out", default=None, help="results JSONL, resumed (default: runs/eval/ENV-MODEL-SPLIT.jsonl)"
     )
     evaluate.add_argument("--report", default=None, help="report JSON (default: --out with .json)")
-    evaluate.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    evaluate.add_argument(
+        "--threshold", type=finite_float, default=1.0, help="success = reward >= this (default 1)"
+    )
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
     add_force_argument(evaluate, "the --report file")
     evaluate.set_defaults(func=_cmd_eval)
@@ -194,7 +196,9 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("results", nargs="+", help="results JSONL file(s)")
     stats.add_argument("-o", "--out", default=None, help="output prefix: writes PREFIX.md and PREFIX.json")
-    stats.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    stats.add_argument(
+        "--threshold", type=finite_float, default=1.0, help="success = reward >= this (default 1)"
+    )
     stats.add_argument(
         "--test-tool", default=None, help="coding: the test tool (default: tools recording a status)"
     )
@@ -215,7 +219,9 @@ def _add_view(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="model id or directory whose tokenizer shows token text (default: the results' model, else ids)",
     )
-    view.add_argument("--threshold", type=float, default=1.0, help="success = reward >= this (default 1)")
+    view.add_argument(
+        "--threshold", type=finite_float, default=1.0, help="success = reward >= this (default 1)"
+    )
     view.add_argument("--title", default=None, help="page title")
     add_force_argument(view)
     view.set_defaults(func=_cmd_view)

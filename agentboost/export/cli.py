@@ -6,8 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from agentboost.cli_args import finite_float
 from agentboost.errors import ConfigError
 from agentboost.io_safety import add_force_argument, claim_output
+from agentboost.tokens.trajectory import TerminationReason
 
 FORMATS = ("chat", "sft", "parquet", "hf")
 
@@ -24,6 +26,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     )
     from agentboost.rollout.results import read_results
 
+    if args.min_reward is not None and args.max_reward is not None and args.min_reward > args.max_reward:
+        raise ConfigError(
+            f"--min-reward {args.min_reward:g} is above --max-reward {args.max_reward:g}, so nothing "
+            "could be kept; swap them"
+        )
     sft = args.format == "sft"
     keep = ExportFilter(
         min_reward=args.min_reward,
@@ -86,10 +93,18 @@ def register_export_command(commands: argparse._SubParsersAction) -> None:
     export.add_argument("results", help="results JSONL written by agentboost rollout / eval")
     export.add_argument("-o", "--out", required=True, help="output file (a directory for --format hf)")
     export.add_argument("--format", choices=FORMATS, default="chat", help="default: chat")
-    export.add_argument("--min-reward", type=float, default=None, help="keep rollouts with reward >= this")
-    export.add_argument("--max-reward", type=float, default=None, help="keep rollouts with reward <= this")
     export.add_argument(
-        "--termination", action="append", help="keep only this termination reason (repeatable)"
+        "--min-reward", type=finite_float, default=None, help="keep rollouts with reward >= this"
+    )
+    export.add_argument(
+        "--max-reward", type=finite_float, default=None, help="keep rollouts with reward <= this"
+    )
+    export.add_argument(
+        "--termination",
+        action="append",
+        choices=[reason.value for reason in TerminationReason],
+        metavar="REASON",
+        help="keep only this termination reason (repeatable; one of the termination table's reasons)",
     )
     export.add_argument("--scored-only", action="store_true", help="drop rollouts whose reward failed")
     export.add_argument("--skip-failed", action="store_true", help="drop engine/template/agent failures")

@@ -42,6 +42,32 @@ _HEADER_LIMIT = 1 << 20
 _KEY_PREFIX = re.compile(r'^\{"task_id": ("(?:[^"\\]|\\.)*"), "sample": (-?\d+)')
 
 
+class Plan(Collection[Key]):
+    """The (task_id, sample) pairs of a run, held as its task ids and sample count.
+
+    Memory grows with the number of tasks, not tasks x samples: a run of a million tasks at
+    ``--samples 8`` holds a million ids, not eight million pairs.
+    """
+
+    def __init__(self, task_ids: Collection[str], samples: int) -> None:
+        self.task_ids = frozenset(task_ids)
+        self.samples = samples
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        task_id, sample = key
+        return task_id in self.task_ids and isinstance(sample, int) and 0 <= sample < self.samples
+
+    def __len__(self) -> int:
+        return len(self.task_ids) * self.samples
+
+    def __iter__(self) -> Iterator[Key]:
+        for task_id in self.task_ids:
+            for sample in range(self.samples):
+                yield task_id, sample
+
+
 class LegacyResultsError(ConfigError):
     """The file holds results written before results files had a header."""
 
@@ -261,7 +287,9 @@ class ResultStore:
         Reads only: nothing is cut or written until the whole file is found to be this run's."""
         last_ok: dict[Key, bool] = {}
         where: dict[Key, int] = {}
-        plan_tasks = {task_id for task_id, _ in plan} if plan is not None else None
+        plan_tasks = (
+            plan.task_ids if isinstance(plan, Plan) else {task_id for task_id, _ in plan} if plan else None
+        )
         with open(self.path, "rb") as handle:
             consumed = len(handle.readline())  # the header
             for number, raw in enumerate(handle, start=2):

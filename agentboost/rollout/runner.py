@@ -21,7 +21,7 @@ from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, WorkerCrashed
-from agentboost.rollout.results import ResultStore
+from agentboost.rollout.results import Plan, ResultStore
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 
@@ -70,7 +70,9 @@ class RunSummary:
     """Already in the results file when the run started (resumed)."""
     completed: int = 0
     failed: int = 0
-    rewards: list[float] = field(default_factory=list)
+    scored: int = 0
+    """Rollouts of this run with a reward."""
+    reward_sum: float = 0.0
     terminations: Counter[str] = field(default_factory=Counter)
     generated_tokens: int = 0
     retried: int = 0
@@ -80,7 +82,7 @@ class RunSummary:
 
     @property
     def mean_reward(self) -> float | None:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+        return self.reward_sum / self.scored if self.scored else None
 
     def line(self) -> str:
         mean = "n/a" if self.mean_reward is None else f"{self.mean_reward:.3f}"
@@ -100,9 +102,9 @@ def job_seed(base: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{base}:{task_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
-def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> set[tuple[str, int]]:
+def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Plan:
     """The (task_id, sample) pairs of a run; raises ConfigError for a non-Task or two tasks with one id."""
-    keys: set[tuple[str, int]] = set()
+    task_ids: set[str] = set()
     for task in tasks:
         if not isinstance(task, Task):
             raise ConfigError(
@@ -110,10 +112,10 @@ def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig
                 f"got {type(task).__name__}"
             )
         task_id = task.id
-        if (task_id, 0) in keys:
+        if task_id in task_ids:
             raise ConfigError(f"two tasks share the id {task_id!r}; task ids must be unique to resume")
-        keys.update((task_id, sample) for sample in range(config.samples))
-    return keys
+        task_ids.add(task_id)
+    return Plan(task_ids, config.samples)
 
 
 def iter_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Iterator[Job]:
@@ -240,7 +242,8 @@ async def run_jobs(
             if summary.first_failure is None:
                 summary.first_failure = failure_cause(result)
         if result.reward is not None:
-            summary.rewards.append(result.reward)
+            summary.scored += 1
+            summary.reward_sum += result.reward
         if bar is not None:
             elapsed = time.perf_counter() - started
             mean = summary.mean_reward
@@ -262,7 +265,9 @@ async def run_jobs(
                 continue
             await record(await attempt(job))
 
-    lanes = [asyncio.ensure_future(lane()) for _ in range(config.concurrency)]
+    lanes = [
+        asyncio.ensure_future(lane()) for _ in range(min(config.concurrency, total or config.concurrency))
+    ]
     try:
         done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
         for finished in done:

@@ -8,8 +8,10 @@ the type each field declares; an unknown key or a value of the wrong type is a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -179,7 +181,7 @@ class LoggingConfig:
     wandb_project: str | None = None
     """Also log to Weights & Biases (``pip install wandb``) under this project."""
     wandb_run_name: str | None = None
-    wandb_mode: str | None = None
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
     """``online``, ``offline`` or ``disabled``; None: wandb's own default."""
     progress: bool = True
     """A progress bar over steps on stderr."""
@@ -294,6 +296,8 @@ def load_config(
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as error:
             raise ConfigError(f"cannot read the config file {path}: {error.strerror or error}") from error
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path} is not a YAML text file (it is not UTF-8 text)") from error
         except yaml.YAMLError as error:
             raise ConfigError(f"{path} is not valid YAML: {error}") from error
         if loaded is not None and not isinstance(loaded, Mapping):
@@ -385,14 +389,17 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key} must be an integer; got {value!r}")
     if hint is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key} must be a number; got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"{key} must be a number; got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number; got {value!r}")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value

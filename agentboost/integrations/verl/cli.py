@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from agentboost.cli_args import MAX_TASKS, TASKS_WHY, count
 from agentboost.io_safety import add_force_argument
 
 
@@ -50,7 +51,11 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         "--env-kwargs", default=None, help="JSON object of constructor arguments, e.g. '{\"difficulty\": 2}'"
     )
     to_verl.add_argument(
-        "-n", "--n", type=int, default=None, help="number of tasks (default: the environment's)"
+        "-n",
+        "--n",
+        type=count(1, MAX_TASKS, TASKS_WHY),
+        default=None,
+        help="number of tasks (default: the environment's)",
     )
     to_verl.add_argument("--seed", type=int, default=0, help="task seed (default: 0)")
     to_verl.add_argument("--split", default="train", help="task split, e.g. train or test (default: train)")
