@@ -28,7 +28,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
     await check_engine_args(args.engine, model=args.model, urls=args.url)
     from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
-    from agentboost.envs.registry import make_environment, parse_json_object
+    from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
     from agentboost.rollout.results import ResultStore
     from agentboost.rollout.runner import RunConfig, in_process, iter_jobs, plan_keys, run_jobs
 
@@ -39,7 +39,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
     config = RunConfig(
         samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed
     )
-    tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
+    tasks = environment_tasks(environment, args.n, seed=args.seed, split=args.split)
     if not tasks:
         raise ConfigError(f"environment {args.env!r} has no tasks in split {args.split!r}")
     plan = plan_keys(environment, tasks, config)

@@ -46,7 +46,7 @@ def one_error(result, status=2):
     """The command failed with ``status`` and said why in one error line (and no traceback)."""
     assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if re.match(r"agentboost[\w ]*: error: ", line)]
+    errors = [line for line in result.stderr.splitlines() if re.match(r"agentboost[\w -]*: error: ", line)]
     assert len(errors) == 1, result.stderr
     return errors[0]
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from agentboost.envs.base import Environment
-from agentboost.errors import ConfigError
+from agentboost.errors import AgentBoostError, ConfigError
 
 _REGISTRY: dict[str, str] = {
     "arithmetic": "agentboost.envs.arithmetic:ArithmeticEnvironment",
@@ -53,6 +55,8 @@ def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) ->
             f"unknown environment {reference!r}; use one of {', '.join(environment_names())} "
             "or an import reference such as 'my_package.envs:MyEnvironment'"
         )
+    if os.getcwd() not in sys.path:  # as `python -m` does: my_package/ in the working directory imports
+        sys.path.append(os.getcwd())
     try:
         cls = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
@@ -63,6 +67,23 @@ def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) ->
         return cls(**dict(kwargs or {}))
     except TypeError as error:
         raise ConfigError(f"cannot build {target!r} with {dict(kwargs or {})}: {error}") from error
+    except AgentBoostError:
+        raise
+    except Exception as error:  # the environment's own code failed: one line naming it
+        raise ConfigError(
+            f"environment {target!r} raised {type(error).__name__} while being built: {error}"
+        ) from error
+
+
+def environment_tasks(environment: Environment, n: int | None, *, seed: int, split: str) -> list[Any]:
+    """``environment.tasks(...)``; an exception from the environment's code becomes one ConfigError."""
+    try:
+        return environment.tasks(n, seed=seed, split=split)
+    except AgentBoostError:
+        raise
+    except Exception as error:
+        name = type(environment).__name__
+        raise ConfigError(f"{name}.tasks() raised {type(error).__name__}: {error}") from error
 
 
 def environment_reference(environment: Environment) -> str:

@@ -40,7 +40,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     await check_engine_args(args.engine, model=args.model, urls=args.url)
     from agentboost.cli_args import limits_from_args, run_identity
     from agentboost.engines.base import SamplingParams
-    from agentboost.envs.registry import make_environment, parse_json_object
+    from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
     from agentboost.eval.evaluate import evaluate, summary_text, write_report
 
     kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
@@ -55,7 +55,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
         inputs=[out],
         ours=lambda existing: _is_report_of(existing, out),
     )
-    tasks = environment.tasks(args.n, seed=args.seed, split=args.split)
+    tasks = environment_tasks(environment, args.n, seed=args.seed, split=args.split)
     meta = {
         "environment": args.env,
         "environment_kwargs": kwargs,

@@ -66,8 +66,10 @@ class Checkpoints:
 
         Settings that differ from the checkpoint's ``config`` are named on stderr.
         """
-        state = json.loads((path / "state.json").read_text())
-        weights = torch.load(path / "model.pt", map_location="cpu")
+        state = _read(path / "state.json", lambda file: json.loads(file.read_text()))
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise DamagedCheckpointError(f"{path / 'state.json'} is damaged (no step number)")
+        weights = _read(path / "model.pt", lambda file: torch.load(file, map_location="cpu"))
         parameters = dict(model.named_parameters())
         missing = [name for name, p in parameters.items() if p.requires_grad and name not in weights]
         if missing:
@@ -78,8 +80,12 @@ class Checkpoints:
         with torch.no_grad():
             for name, value in weights.items():
                 parameters[name].copy_(value)
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu"))
-        set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+        optimizer.load_state_dict(
+            _read(path / "optimizer.pt", lambda file: torch.load(file, map_location="cpu"))
+        )
+        set_rng_state(
+            _read(path / "rng.pt", lambda file: torch.load(file, map_location="cpu", weights_only=False))
+        )
         changed = sorted(differences(state.get("config", {}), config))
         if changed:
             print(f"agentboost: resuming {path} with changed settings: {', '.join(changed)}", file=sys.stderr)
@@ -96,6 +102,52 @@ class Checkpoints:
                 "or choose a new output_dir"
             )
         return found[-1]
+
+    def load_latest(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: dict[str, Any],
+        resume: bool,
+        run_dir: Path,
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Resume from the newest intact checkpoint, saying on stderr whether the run resumes or starts fresh.
+
+        A damaged checkpoint (a truncated ``model.pt``, a garbled ``state.json``) is named and the one
+        before it is used; when none is intact, a ConfigError names them and the way out.
+        """
+        if self.latest_for_resume(resume=resume, run_dir=run_dir) is None:
+            print(f"agentboost: starting a fresh run in {run_dir}", file=sys.stderr)
+            return None
+        damaged: list[str] = []
+        for path in reversed(self.list()):
+            try:
+                state = self.load(path, model, optimizer, config=config)
+            except DamagedCheckpointError as error:
+                damaged.append(str(error))
+                print(f"agentboost: {error}; trying the checkpoint before it", file=sys.stderr)
+                continue
+            print(f"agentboost: resuming {run_dir} from {path.name} (step {state['step']})", file=sys.stderr)
+            return path, state
+        raise ConfigError(
+            f"no intact checkpoint in {self.directory} ({'; '.join(damaged)}); move the damaged ones "
+            "away to resume from an older one, or choose a new output_dir to start fresh"
+        )
+
+
+class DamagedCheckpointError(ConfigError):
+    """A checkpoint file cannot be read back (truncated, garbled, not what agentboost wrote)."""
+
+
+def _read(path: Path, read: Any) -> Any:
+    """``read(path)``; any failure to read the file becomes a :class:`DamagedCheckpointError` naming it."""
+    try:
+        return read(path)
+    except Exception as error:  # torch.load and json raise many types for a damaged file
+        raise DamagedCheckpointError(
+            f"checkpoint file {path} is damaged ({type(error).__name__}: {error})"
+        ) from error
 
 
 def rng_state() -> dict[str, Any]:

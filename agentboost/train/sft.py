@@ -451,9 +451,15 @@ class SFTTrainer:
     def train(self) -> SFTSummary:
         """Run (or resume) every step; checkpoints, metrics, optional evaluations, the final model."""
         config = self.config
-        latest = self.checkpointer.latest_for_resume(resume=config.checkpoint.resume, run_dir=self.run_dir)
+        latest = self.checkpointer.load_latest(
+            self.model,
+            self.optimizer,
+            config=config.to_dict(),
+            resume=config.checkpoint.resume,
+            run_dir=self.run_dir,
+        )
         if latest is not None:
-            state = self.checkpointer.load(latest, self.model, self.optimizer, config=config.to_dict())
+            _, state = latest
             self.step = self.resumed_from = int(state["step"])
             self.losses = {int(k): v for k, v in state.get("losses", {}).items()}
             self.eval_rewards = {int(k): v for k, v in state.get("eval_rewards", {}).items()}

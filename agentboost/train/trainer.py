@@ -261,14 +261,19 @@ class Trainer:
         parts.append(f"mismatch {metrics.get('mismatch/logprob_abs_diff', float('nan')):.1e}")
         return " | ".join(parts)
 
-    def _phase(self, bar: Any, text: str) -> Callable[[RolloutResult], None]:
-        """A callback that shows ``text done/total`` on the bar as rollouts finish."""
+    def _phase(self, bar: Any, text: str, total: int | None = None) -> Callable[[RolloutResult], None]:
+        """A callback that shows ``text done/total`` on the bar as rollouts finish (shown at once)."""
         counter = {"done": 0}
+        if bar is not None:
+            bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
+        elif total:
+            print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
 
         def on_result(_: RolloutResult) -> None:
             counter["done"] += 1
             if bar is not None:
-                bar.set_description_str(f"{text} {counter['done']}", refresh=True)
+                done = f"{counter['done']}/{total}" if total else str(counter["done"])
+                bar.set_description_str(f"{text} {done}", refresh=True)
 
         return on_result
 
@@ -289,7 +294,7 @@ class Trainer:
             sampling=sampling,
             limits=self._limits(evaluation=True),
             seed=config.seed + 7_777_777,  # the same sampler seeds at every evaluation: paired comparisons
-            on_result=self._phase(bar, f"eval @{step}"),
+            on_result=self._phase(bar, f"eval @{step}", len(tasks) * config.eval.samples),
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
         self.eval_rewards[step] = metrics["eval/reward_mean"]
@@ -546,13 +551,26 @@ class Trainer:
 
     def _resume(self) -> int:
         """Load the latest checkpoint when resuming; returns the step to continue from."""
-        resume = self.config.checkpoint.resume
-        latest = self.checkpointer.latest_for_resume(resume=resume, run_dir=self.run_dir)
-        return 0 if latest is None else self.load_checkpoint(latest)
+        latest = self.checkpointer.load_latest(
+            self.model,
+            self.optimizer,
+            config=self.config.to_dict(),
+            resume=self.config.checkpoint.resume,
+            run_dir=self.run_dir,
+        )
+        if latest is None:
+            return 0
+        _, state = latest
+        return self._restore(state)
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore weights, optimizer, step, evaluations and RNG states from ``path``; returns its step."""
-        state = self.checkpointer.load(path, self.model, self.optimizer, config=self.config.to_dict())
+        return self._restore(
+            self.checkpointer.load(path, self.model, self.optimizer, config=self.config.to_dict())
+        )
+
+    def _restore(self, state: dict[str, Any]) -> int:
+        """The run's own facts from a loaded checkpoint's state.json; returns its step."""
         self.eval_rewards = {int(k): v for k, v in state.get("eval_rewards", {}).items()}
         self.resumed_from = int(state["step"])
         return int(state["step"])

@@ -37,12 +37,12 @@ check_rollout_backend
 if [[ ! -f "$DATA_DIR/train.parquet" ]]; then
     # shellcheck disable=SC2086  # the sources are a space-separated list
     agentboost data prepare-coding $TRAIN_SOURCES --split train ${TRAIN_TASKS:+--limit "$TRAIN_TASKS"} \
-        --out "$DATA_DIR/train.jsonl" --verl-out "$DATA_DIR/train.parquet"
+        --out "$DATA_DIR/train.jsonl" --verl-out "$DATA_DIR/train.parquet" --force
 fi
 if [[ ! -f "$DATA_DIR/test.parquet" ]]; then
     # shellcheck disable=SC2086
     agentboost data prepare-coding $TEST_SOURCES --split test ${VAL_TASKS:+--limit "$VAL_TASKS"} \
-        --out "$DATA_DIR/test.jsonl" --verl-out "$DATA_DIR/test.parquet"
+        --out "$DATA_DIR/test.jsonl" --verl-out "$DATA_DIR/test.parquet" --force
 fi
 
 # verl.yaml as Hydra overrides (nested keys joined with dots; lists and dicts as Hydra values).

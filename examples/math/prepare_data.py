@@ -89,6 +89,7 @@ def main() -> None:
                     str(args.seed),
                     "--out",
                     str(out / f"{split}.parquet"),
+                    "--force",  # this script's own data directory
                 ],
                 check=True,
             )

@@ -39,6 +39,10 @@ SAVE_FREQ=${SAVE_FREQ:-50}
 TEST_FREQ=${TEST_FREQ:-10}
 WANDB_PROJECT=${WANDB_PROJECT:-agentboost}        # wandb reads WANDB_API_KEY; WANDB_MODE=offline works too
 EXPERIMENT_NAME=${EXPERIMENT_NAME:-math-${ADV_ESTIMATOR}-${ROLLOUT_BACKEND}}
+if [[ "${DRY_RUN:-0}" == 1 && -z "${DATA_DIR:-}" ]]; then  # a dry run writes its tasks to a scratch dir
+    DATA_DIR=$(mktemp -d)
+    trap 'rm -rf "$DATA_DIR"' EXIT
+fi
 DATA_DIR=${DATA_DIR:-$HOME/data/agentboost/math-${GENERATORS//,/-}}
 # ----------------------------------------------------------------------------------------------------
 
@@ -49,9 +53,9 @@ check_rollout_backend
 # Tasks as veRL parquet (the environment is stored by import reference, each task as JSON).
 ENV_KWARGS="{\"generators\": \"$GENERATORS\", \"tool\": \"$TOOL\"}"
 agentboost data to-verl --env math --env-kwargs "$ENV_KWARGS" --split train -n "$TRAIN_TASKS" \
-    --seed "$SEED" --out "$DATA_DIR/train.parquet"
+    --seed "$SEED" --out "$DATA_DIR/train.parquet" --force
 agentboost data to-verl --env math --env-kwargs "$ENV_KWARGS" --split test -n "$VAL_TASKS" \
-    --seed "$SEED" --out "$DATA_DIR/test.parquet"
+    --seed "$SEED" --out "$DATA_DIR/test.parquet" --force
 
 knob_overrides
 launch_verl "${KNOBS[@]}" "$@"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.envs.base import Environment
-from agentboost.envs.registry import make_environment, parse_json_object
+from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.integrations.verl import AGENT_LOOP_NAME
@@ -136,7 +136,7 @@ def write_verl_dataset(
     """
     kwargs = dict(environment_kwargs or {})
     env = make_environment(environment, kwargs)
-    tasks = env.tasks(n, seed=seed, split=split)
+    tasks = environment_tasks(env, n, seed=seed, split=split)
     rows = task_rows(
         env, tasks, environment_kwargs=kwargs, split=split, agent_name=agent_name, data_source=data_source
     )
