@@ -138,9 +138,10 @@ class LocalEngine:
         """Load any causal LM (hub id or local directory; ``smollm2-135m-instruct`` is the default)."""
         from transformers import AutoModelForCausalLM
 
-        from agentboost.engines.models import resolve_model
+        from agentboost.engines.models import quiet_loading, resolve_model
 
         path = resolve_model(name_or_path)
+        quiet_loading()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype is None:
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

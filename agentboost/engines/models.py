@@ -194,3 +194,10 @@ def pull_default_model(*, force: bool = False, quiet: bool = False) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     say(f"cached the default model at {target}")
     return target
+
+
+def quiet_loading() -> None:
+    """No "Loading weights" progress bar from transformers on every command that loads a model."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()

@@ -32,6 +32,7 @@ def plot_results(
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as error:
         raise ConfigError("plots need matplotlib: pip install 'agentboost[inspect]'") from error
     out = Path(directory)
@@ -60,6 +61,11 @@ def plot_results(
         axes.set_xlabel("rollout (file order, scored only)")
         axes.set_ylabel("running mean reward")
         axes.set_title("Reward over rollouts")
+        points = running
+    values = [p[1] for p in points] if len(groups) > 1 else points
+    if values:  # the whole reward range, not a +-0.04 zoom on a flat line
+        axes.set_ylim(min(0.0, min(values)) - 0.05, max(1.0, max(values)) + 0.05)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and rollouts are counts
     axes.grid(alpha=0.3)
     written.append(_save(figure, out / "reward_by_step.png"))
 
@@ -69,6 +75,8 @@ def plot_results(
     axes.bar(range(top + 1), [calls.get(n, 0) for n in range(top + 1)], color="#4c72b0")
     axes.set_xlabel("tool calls in the rollout")
     axes.set_ylabel("rollouts")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_title(f"Tool calls per rollout ({len(everything)} rollouts)")
     written.append(_save(figure, out / "tool_calls_per_rollout.png"))
 

@@ -21,9 +21,20 @@ from agentboost.train.config import LoraConfig, ModelConfig, OptimizerConfig
 
 def resolve_device(model: ModelConfig) -> torch.device:
     """``auto`` is cuda when available, else cpu."""
-    if model.device != "auto":
-        return torch.device(model.device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if model.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(model.device)
+    except RuntimeError as error:
+        raise ConfigError(
+            f"model.device {model.device!r} is not a device ({error}); use auto, cpu or cuda"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"model.device={model.device} but this machine's torch sees no CUDA GPU; "
+            "use model.device=auto or cpu"
+        )
+    return device
 
 
 def resolve_dtype(model: ModelConfig, device: torch.device) -> torch.dtype:
@@ -48,9 +59,10 @@ def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> t
     from transformers import AutoModelForCausalLM
 
     from agentboost.engines.factory import load_tokenizer
-    from agentboost.engines.models import resolve_model
+    from agentboost.engines.models import quiet_loading, resolve_model
 
     tokenizer = load_tokenizer(model.name_or_path)
+    quiet_loading()
     network = AutoModelForCausalLM.from_pretrained(
         resolve_model(model.name_or_path), dtype=resolve_dtype(model, device)
     ).to(device)
