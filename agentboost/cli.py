@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import json
+import os
 import sys
 from typing import NoReturn
 
@@ -35,6 +36,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
     environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, environment_kwargs)
     limits = limits_from_args(environment.limits, args)
+    print(f"agentboost: {environment.name}: limits per rollout: {limits.summary()}", file=sys.stderr)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     config = RunConfig(
         samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed
@@ -212,5 +214,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The ``agentboost`` command: :func:`main`, then exit with its status.
+
+    After Ctrl-C it ends at once: results lines are fsynced and checkpoints renamed into place as
+    they are written, so interpreter shutdown (joining threads a tool or a library still runs,
+    torch's and tokenizers' native threads) has nothing left to save and only delays the exit.
+    """
+    status = main()
+    if status == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

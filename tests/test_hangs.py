@@ -79,3 +79,38 @@ def test_ctrl_c_ends_a_run_whose_synchronous_tool_hangs(server, tokenizer_dir, t
     status, _, err = finish(process)
     assert status == 130, err[-2000:]
     assert "agentboost: interrupted" in err
+
+
+@pytest.mark.slow
+def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_printed(
+    say, tokenizer_dir, tmp_path
+):
+    """A stalled engine is not a bad model: the timeout's detail says no generation came back."""
+    from agentboost.engines.faults import FaultConfig
+
+    slow = BackgroundServer(
+        ScriptedEngine([say("Answer: 7")], cycle=True),
+        faults=FaultConfig(probabilities={"slow": 1.0}, slow_delay_s=30),
+    )
+    try:
+        command = [sys.executable, "-m", "agentboost.cli", "rollout", "--engine", "sglang", "--url", slow.url]
+        command += [
+            "--model",
+            str(tokenizer_dir),
+            "-n",
+            "1",
+            "--timeout",
+            "2",
+            "--retries",
+            "0",
+            "--out",
+            "r.jsonl",
+        ]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        slow.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "limits per rollout:" in done.stderr and "timeout 2 s" in done.stderr
+    [result] = list(read_results(tmp_path / "r.jsonl"))
+    assert result.trajectory.termination.value == "timeout"
+    assert "before the engine answered once" in result.trajectory.termination_detail

@@ -51,6 +51,16 @@ class RolloutLimits:
         if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not self.timeout_s > 0):
             raise ConfigError(f"RolloutLimits.timeout_s must be > 0 seconds, got {self.timeout_s!r}")
 
+    def summary(self) -> str:
+        """The limits a run uses, in one line (printed at its start, so defaults are visible)."""
+        parts = [f"{self.max_turns} turns", f"{self.max_new_tokens} new tokens per turn"]
+        if self.max_tool_calls is not None:
+            parts.append(f"{self.max_tool_calls} tool calls")
+        if self.max_total_tokens is not None:
+            parts.append(f"{self.max_total_tokens} tokens in all")
+        parts.append(f"timeout {self.timeout_s:g} s" if self.timeout_s is not None else "no timeout")
+        return ", ".join(parts)
+
 
 LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(RolloutLimits))
 

@@ -187,6 +187,11 @@ async def run_agent(
                 await asyncio.wait_for(drive(), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             reason, detail = TerminationReason.TIMEOUT, f"the rollout ran past {limits.timeout_s} s"
+            if model.engine_s == 0.0:  # not one generation came back: the engine, not the model
+                detail += (
+                    " before the engine answered once (an overloaded machine or engine, or a timeout "
+                    "too short for it: raise --timeout or lower --concurrency)"
+                )
         except Exception as error:
             reason, detail = classify_error(error) or (
                 TerminationReason.AGENT_ERROR,

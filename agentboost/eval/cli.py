@@ -46,6 +46,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     environment = make_environment(args.env, kwargs)
     limits = limits_from_args(environment.limits, args)
+    print(f"agentboost: {environment.name}: limits per rollout: {limits.summary()}", file=sys.stderr)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     out = Path(args.out) if args.out else _default_out(args)
     report_path = claim_output(
