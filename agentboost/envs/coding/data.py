@@ -115,11 +115,18 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError as error:
             raise ConfigError("reading parquet needs pyarrow: pip install pyarrow") from error
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        try:
+            parquet = pq.ParquetFile(path)
+        except Exception as error:  # pyarrow's own error types for a file that is not parquet
+            raise ConfigError(f"{path} is not a parquet file ({error})") from error
+        for batch in parquet.iter_batches(batch_size=256):
             yield from batch.to_pylist()
         return
     if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ConfigError(f"{path} is not a JSON file ({error})") from error
         if isinstance(data, Mapping):
             lists = [value for value in data.values() if isinstance(value, list)]
             if len(lists) != 1:
@@ -136,7 +143,7 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
                 else {"__malformed__": f"a row must be an object, got {type(row).__name__}"}
             )
         return
-    with path.open(encoding="utf-8") as lines:
+    with path.open(encoding="utf-8", errors="replace") as lines:  # binary lines: malformed rows
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -155,7 +162,13 @@ def _read_hub(name: str, *, split: str, config: str | None) -> Iterator[dict[str
         raise ConfigError(
             f"{name!r} is not a local file; loading it from the Hugging Face hub needs `pip install datasets`"
         ) from error
-    dataset = datasets.load_dataset(name, config, split=split)
+    try:
+        dataset = datasets.load_dataset(name, config, split=split)
+    except Exception as error:  # offline, unknown name, no such split: datasets raises many types
+        raise ConfigError(
+            f"cannot load {name!r} from the Hugging Face hub ({type(error).__name__}: {error}); check the "
+            "name and split, the network (HF_HUB_OFFLINE), or pass a local .jsonl/.json/.parquet file"
+        ) from error
     for row in dataset:
         yield dict(row)
 
