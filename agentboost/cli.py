@@ -85,7 +85,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
             tokenizer = load_tokenizer(args.model)
             template_for(tokenizer, args.template)  # an unknown --template fails before any rollout
-            engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+            engine = make_engine(args.engine, model=args.model, urls=args.url or (), retries=args.retries)
             try:
                 execute = in_process(
                     environment, engine, tokenizer, sampling=sampling, limits=limits, template=args.template

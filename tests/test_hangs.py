@@ -114,3 +114,23 @@ def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_prin
     [result] = list(read_results(tmp_path / "r.jsonl"))
     assert result.trajectory.termination.value == "timeout"
     assert "before the engine answered once" in result.trajectory.termination_detail
+
+
+def test_retries_0_sends_no_request_twice(say, tokenizer_dir, tmp_path):
+    """`--retries 0` is no retry at all: the HTTP client does not retry the server's 500 either."""
+    from agentboost.engines.faults import FaultConfig
+
+    failing_once = BackgroundServer(
+        ScriptedEngine([say("Answer: 7")], cycle=True), faults=FaultConfig(schedule=["http_500"])
+    )
+    try:
+        command = [sys.executable, "-m", "agentboost.cli", "rollout", "--engine", "sglang"]
+        command += ["--url", failing_once.url, "--model", str(tokenizer_dir), "-n", "1", "--retries", "0"]
+        done = subprocess.run(
+            [*command, "--out", "r.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        failing_once.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    [result] = list(read_results(tmp_path / "r.jsonl"))
+    assert result.trajectory.termination.value == "engine_error" and result.attempts == 1

@@ -12,8 +12,14 @@ from agentboost.errors import ConfigError
 ENGINE_KINDS = ("local", "sglang", "vllm")
 
 
-def make_engine(kind: str, *, model: str, urls: Sequence[str] = (), **options: Any) -> Engine:
-    """Build an engine. Remote kinds need ``urls``; ``local`` loads ``model`` in this process."""
+def make_engine(
+    kind: str, *, model: str, urls: Sequence[str] = (), retries: int | None = None, **options: Any
+) -> Engine:
+    """Build an engine. Remote kinds need ``urls``; ``local`` loads ``model`` in this process.
+
+    ``retries=0`` (``--retries 0``) also turns off the remote client's own HTTP retries: no request is
+    sent twice. Other values leave the client's retry policy as it is.
+    """
     if kind == "local":
         if urls:
             raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
@@ -24,6 +30,10 @@ def make_engine(kind: str, *, model: str, urls: Sequence[str] = (), **options: A
         raise ConfigError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
     if not urls:
         raise ConfigError(f"the {kind} engine needs the server's address: --url http://HOST:PORT")
+    if retries == 0 and "retry" not in options:
+        from agentboost.engines.transport import RetryPolicy
+
+        options["retry"] = RetryPolicy(max_attempts=1)
     if kind == "sglang":
         from agentboost.engines.sglang import SGLangEngine
 

@@ -92,7 +92,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
         from agentboost.engines.factory import load_tokenizer, make_engine
 
         tokenizer = load_tokenizer(args.model)
-        engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+        engine = make_engine(args.engine, model=args.model, urls=args.url or (), retries=args.retries)
         try:
             report, summary = await evaluate(environment, engine, tokenizer, tasks, **options)
         finally:
