@@ -18,8 +18,8 @@ ticket mode: the agent ends its turn  ``completed``                 evaluated
 the customer spoke max_user_turns     ``user_ended`` /              0 (tau2 scores a conversation cut
 times and the agent answered again    ``max_user_turns (N)``        short by a limit as 0)
 a rollout limit (turns, tokens, time) that limit's reason           0 (same rule)
-the simulator replied blank after     ``user_ended`` /              unscored: ``reward_error`` says why
-its retries                           ``simulator_failed: ...``     (not the agent's fault)
+the simulator replied blank after     ``user_ended`` /              outcome ``unscorable`` (not the
+its retries                           ``simulator_failed: ...``     agent's fault): rerun on resume
 the simulator's engine failed         ``engine_error`` (the runner  none (retried)
                                       retries it)
 the simulator failed to open the      ``env_error`` (from reset)    none
@@ -47,7 +47,7 @@ from agentboost.envs.tau2.package import (
 from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
-from agentboost.errors import AgentBoostError, ConfigError, EngineError
+from agentboost.errors import ConfigError, EngineError, UnscorableError
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 MODES = ("simulator", "ticket")
@@ -66,8 +66,9 @@ _ROLLOUT_ENGINE: contextvars.ContextVar[tuple[Engine, Any] | None] = contextvars
 )
 
 
-class SimulatorFailed(AgentBoostError):
-    """The simulated customer could not continue; the rollout carries no signal about the agent."""
+class SimulatorFailed(UnscorableError):
+    """The simulated customer could not continue; the rollout carries no signal about the agent
+    (raised by the reward, the rollout is ``unscorable``; raised by reset, it ends ``env_error``)."""
 
 
 class SimulatorEngineError(EngineError):
