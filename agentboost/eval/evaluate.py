@@ -76,6 +76,7 @@ def build_report(
         "coverage": summary["coverage"],
         "mean_reward_definition": MEAN_REWARD_DEFINITION,
         "mean_reward": summary["mean_reward"],
+        "do_nothing_baseline": _breakdown_mean(results, "do_nothing_baseline"),
         "success_rate": summary["success_rate"],
         "pass@k": {str(k): value for k, value in table["pass@k"].items()},
         "pass^k": {str(k): value for k, value in table["pass^k"].items()},
@@ -100,6 +101,12 @@ def build_report(
         },
         "stats": stats.to_dict(),
     }
+
+
+def _breakdown_mean(results: Sequence[RolloutResult], key: str) -> float | None:
+    """The mean of a reward-breakdown part over the scored rollouts that record it (None: none do)."""
+    values = [r.reward_breakdown[key] for r in results if r.reward is not None and key in r.reward_breakdown]
+    return sum(values) / len(values) if values else None
 
 
 async def evaluate(
@@ -199,10 +206,13 @@ def summary_text(report: Mapping[str, Any]) -> str:
             )
         return f"{family}  " + "  ".join(cells)
 
+    baseline = ""
+    if report.get("do_nothing_baseline") is not None:  # the environment records one (tau2)
+        baseline = f" (a do-nothing policy: {_number(report['do_nothing_baseline'])})"
     lines = [
         f"{head}: {report['tasks']} tasks x {report['samples']} samples = {rollouts} rollouts "
         f"({outcomes}); success = reward >= {report['threshold']:g}",
-        f"mean reward {_number(report['mean_reward'])}{mark} | success rate "
+        f"mean reward {_number(report['mean_reward'])}{mark}{baseline} | success rate "
         f"{_number(report['success_rate'])}{mark} | {coverage} (rates are over scored rollouts)",
         pass_line("pass@k"),
         pass_line("pass^k"),

@@ -79,10 +79,15 @@ class Stats:
 
     def to_markdown(self) -> str:
         summary = self.summary
+        failures = ", ".join(f"{reason} {count}" for reason, count in summary["failures"].items())
+        mark = "*" if summary["scored"] < summary["rollouts"] else ""
         head = (
             f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored, "
-            f"{summary['unscored']} unscored; mean reward {_cell(summary['mean_reward'])}, "
-            f"success rate {_cell(summary['success_rate'])} (reward >= {summary['threshold']:g})"
+            f"{summary['unscorable']} unscorable, {summary['failed']} failed"
+            + (f" ({failures})" if failures else "")
+            + f"; mean reward {_cell(summary['mean_reward'])}{mark}, success rate "
+            f"{_cell(summary['success_rate'])}{mark} (reward >= {summary['threshold']:g}; over scored "
+            f"rollouts, coverage {_cell(summary['coverage'])})"
         )
         parts = ["## Rollout statistics", "", head]
         coding = False
