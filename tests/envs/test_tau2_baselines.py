@@ -47,6 +47,7 @@ def test_do_nothing_policies_win_tau2_but_not_the_training_reward_on_sample_task
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 50 or 114 rollouts: ~2 s each idle, far more on a shared machine
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_task_pays_nothing_to_policies_that_do_nothing_under_the_training_reward(
