@@ -28,8 +28,11 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
     │       └── EngineRateLimitedError
     ├── EnvironmentStepError              an environment step failed: the rollout ends `env_error`
+    ├── UnscorableError                   no reward for a reason outside the policy's control (a judge
+    │                                     down): the rollout is `unscorable`, run again on resume
     ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
+    ├── TooManyFailuresError              too many of a training step's rollouts failed: the run stops
     └── SandboxError                      the sandbox could not start or keep a worker running
 """
 
@@ -73,6 +76,15 @@ _PATH_ADVICE = {
     errno.EEXIST: "a file is in the way where a directory is needed; move it or choose another path",
     errno.EFBIG: "the file size limit was reached; free space, raise the limit or choose another location",
 }
+
+
+class UnscorableError(AgentBoostError):
+    """Raise it from a reward when the reward cannot be computed for a reason the policy did not cause
+    (a judge or grading service down, a simulated user that broke). The rollout's outcome is
+    ``unscorable``: reported apart from scored and failed rollouts and run again on resume.
+
+    Never raise it for anything the model wrote: a malformed answer is a reward of 0.
+    """
 
 
 class EnvironmentStepError(AgentBoostError):
@@ -225,6 +237,11 @@ class WorkerCrashed(AgentBoostError):
 
 
 # --- sandbox -------------------------------------------------------------------------------
+
+
+class TooManyFailuresError(AgentBoostError):
+    """More of a training step's rollouts failed than ``rollout.max_failed_fraction`` allows: the run
+    stops rather than learn from what is left. Fix the cause it names, then resume the run."""
 
 
 class SandboxError(AgentBoostError):

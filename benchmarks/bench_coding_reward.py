@@ -1,9 +1,12 @@
 """Hidden-test grading throughput on HumanEval's canonical solutions: every assertion of ``check()`` in
-its own sandbox run (``per_case``) vs the whole ``check()`` in one run (``one_run``, the default).
+its own sandbox run (``per_case``) vs the whole ``check()`` in one run (``one_run``, the default), and
+the cost of grading every hidden test (the default since issue 23) vs the old cap of the 15 longest
+(``per_case_cap15``: each problem's assertions cut to its 15 longest, as ``max_hidden_tests=15`` cut
+stdin/stdout tests before).
 
-Each mode grades all 164 problems (1,181 assertions in ``per_case``) on a warm pool of one worker per
-CPU, with the coding environment's grading code. Rounds alternate between modes so that load from
-other processes hits both alike; the median round is printed.
+Each mode grades all 164 problems (1,181 assertions in ``per_case``, 1,158 with the cap) on a warm pool
+of one worker per CPU, with the coding environment's grading code. Rounds alternate between modes so
+that load from other processes hits all alike; the median round is printed.
 
     python benchmarks/bench_coding_reward.py [--rounds 3] [--pool-size N]
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -23,7 +27,16 @@ from agentboost.sandbox import SandboxLimits, SandboxPool
 LIMITS = SandboxLimits(timeout_s=10, memory_mb=1024)
 
 
+def capped(task, cap: int = 15):
+    """The task with its assertions as separate hidden tests, only the ``cap`` longest kept."""
+    cases = grading.split_check(str(task.hidden_tests[0]["test"]))
+    keep = sorted(sorted(range(len(cases)), key=lambda i: (-len(cases[i]), i))[:cap])
+    return dataclasses.replace(task, hidden_tests=[{"test": cases[i]} for i in keep])
+
+
 async def grade_all(pool: SandboxPool, tasks, mode: str) -> tuple[int, int, int]:
+    if mode == "per_case_cap15":
+        tasks, mode = [capped(task) for task in tasks], "per_case"
     grades = await asyncio.gather(
         *(
             grading.run_hidden_tests(
@@ -37,7 +50,7 @@ async def grade_all(pool: SandboxPool, tasks, mode: str) -> tuple[int, int, int]
 
 async def main(rounds: int, pool_size: int) -> None:
     tasks = [humaneval_task(row) for row in humaneval_rows()]
-    results: dict[str, list[tuple[float, int, int]]] = {"one_run": [], "per_case": []}
+    results: dict[str, list[tuple[float, int, int]]] = {"one_run": [], "per_case": [], "per_case_cap15": []}
     async with SandboxPool(size=pool_size, limits=LIMITS) as pool:
         await grade_all(pool, tasks[:8], "one_run")  # warm-up
         for _ in range(rounds):

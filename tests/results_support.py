@@ -15,7 +15,7 @@ from strands import tool
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.envs.base import Environment, Episode, Reward, RolloutResult, Task
+from agentboost.envs.base import Environment, Episode, Reward, RewardFailure, RolloutResult, Task
 from agentboost.rollout.results import ResultStore
 
 QUESTION = "What is (12 + 30) * 2?"
@@ -100,10 +100,12 @@ def _one(tokenizer, im_end: int, turns: list[str], task_id: str, sample: int) ->
         )
     )
     outcome = asyncio.run(environment.score(trajectory, Episode(Task(task_id, QUESTION), sample)))
-    if task_id == "t-bad" and sample == 2:  # a reward that could not be computed: unscored
-        outcome = "RuntimeError: grader unavailable"
-    if isinstance(outcome, str):
-        return RolloutResult(task_id, sample, trajectory, None, reward_error=outcome)
+    if task_id == "t-bad" and sample == 2:  # the grader was down: unscorable
+        outcome = RewardFailure("UnscorableError: grader unavailable", unscorable=True)
+    if isinstance(outcome, RewardFailure):
+        return RolloutResult(
+            task_id, sample, trajectory, None, reward_error=outcome.detail, unscorable=outcome.unscorable
+        )
     return RolloutResult(task_id, sample, trajectory, outcome.value, outcome.breakdown, outcome.info)
 
 

@@ -33,16 +33,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import traceback
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import StopSignal, UserTurn, run_agent
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, UnscorableError
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -51,6 +53,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Environment",
     "Episode",
+    "Outcome",
     "Reward",
     "RewardFunction",
     "RolloutResult",
@@ -70,6 +73,14 @@ class Reward:
     value: float
     breakdown: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardFailure:
+    """Why :meth:`Environment.score` has no reward: the error text, and whether it was unscorable."""
+
+    detail: str
+    unscorable: bool
 
 
 class RewardFunction:
@@ -118,11 +129,30 @@ class Episode:
         self.stop_signal.set(TerminationReason.ENV_STOPPED, detail)
 
 
+class Outcome(str, Enum):
+    """What a rollout's reward is worth to a report or a trainer: every rollout is exactly one."""
+
+    SCORED = "scored"
+    """A reward was computed. Whatever the policy wrote ends here (a malformed answer scores 0)."""
+    UNSCORABLE = "unscorable"
+    """The reward could not be computed for a reason outside the policy's control: the reward raised
+    :class:`~agentboost.errors.UnscorableError` (a judge down, a simulated user that broke)."""
+    FAILED = "failed"
+    """Infrastructure failed: the engine, a worker, the environment (a failed termination), or the
+    reward function itself raised another exception, which is a bug in the environment
+    (:attr:`RolloutResult.failure` ``reward_error``)."""
+
+
+REWARD_ERROR = "reward_error"
+"""The failure reason of a rollout whose reward function raised (a bug in the environment)."""
+
+
 @dataclass
 class RolloutResult:
     """One rollout of one task: its trajectory and its reward (or why the reward failed).
 
-    The result owns the reward: a trajectory holds tokens and messages only.
+    The result owns the reward: a trajectory holds tokens and messages only. :attr:`outcome` says
+    whether it was scored, unscorable or failed; only scored rollouts carry a reward.
     """
 
     task_id: str
@@ -135,15 +165,35 @@ class RolloutResult:
     reward_error: str | None = None
     attempts: int = 1
     """How many times the rollout ran (retryable failures are run again by the runner)."""
+    unscorable: bool = False
+    """The reward raised :class:`~agentboost.errors.UnscorableError` (see :attr:`outcome`)."""
 
     @property
     def termination(self) -> TerminationReason:
         return self.trajectory.termination
 
     @property
+    def outcome(self) -> Outcome:
+        """Scored, unscorable or failed (the one rule every report and trainer reads)."""
+        if self.termination.failed:
+            return Outcome.FAILED
+        if self.reward is not None:
+            return Outcome.SCORED
+        return Outcome.UNSCORABLE if self.unscorable else Outcome.FAILED
+
+    @property
+    def failure(self) -> str | None:
+        """Why a failed rollout failed: its termination (``engine_error``...) or ``reward_error``."""
+        if self.termination.failed:
+            return self.termination.value
+        if self.reward is None and not self.unscorable:
+            return REWARD_ERROR
+        return None
+
+    @property
     def failed(self) -> bool:
-        """The rollout broke or its reward could not be computed: the sample carries no usable signal."""
-        return self.reward is None or self.termination.failed
+        """Not scored (failed or unscorable): the sample carries no reward; resume runs it again."""
+        return self.outcome is not Outcome.SCORED
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +204,8 @@ class RolloutResult:
             "reward_info": self.reward_info,
             "reward_error": self.reward_error,
             "attempts": self.attempts,
+            "outcome": self.outcome.value,
+            "failure": self.failure,
             "termination": self.termination.value,
             "trajectory": self.trajectory.to_dict(),
         }
@@ -169,6 +221,7 @@ class RolloutResult:
             reward_info=dict(data.get("reward_info") or {}),
             reward_error=data.get("reward_error"),
             attempts=int(data.get("attempts", 1)),
+            unscorable=data.get("outcome") == Outcome.UNSCORABLE.value,
         )
 
 
@@ -228,23 +281,35 @@ class Environment:
 
     # --- running ----------------------------------------------------------------------------------
 
-    async def score(self, trajectory: Trajectory, episode: Episode) -> Reward | str:
-        """Run the reward: a :class:`Reward`, or the error text when it raised or returned garbage."""
+    async def score(self, trajectory: Trajectory, episode: Episode) -> Reward | RewardFailure:
+        """Run the reward: a :class:`Reward`, or why there is none (it raised or returned garbage).
+
+        A reward that returns NaN or infinity, or raises anything but UnscorableError, is a bug in
+        the environment: the rollout's outcome is ``failed`` (``reward_error``), counted in reports
+        and training metrics. A reward must be total over model output (malformed answers score 0).
+        """
+        where = f"(in {type(self).__name__}.reward)"
         try:
             outcome = self.reward(trajectory, episode)
             if inspect.isawaitable(outcome):
                 outcome = await outcome
             if isinstance(outcome, Reward):
-                return Reward(
+                reward = Reward(
                     float(outcome.value),
                     {key: float(value) for key, value in outcome.breakdown.items()},
                     dict(outcome.info),
                 )
-            if isinstance(outcome, bool) or not isinstance(outcome, int | float):
+            elif isinstance(outcome, bool) or not isinstance(outcome, int | float):
                 raise TypeError(f"reward() returned {type(outcome).__name__}; return a float or a Reward")
-            return Reward(float(outcome))
+            else:
+                reward = Reward(float(outcome))
+            if not math.isfinite(reward.value):
+                raise ValueError(f"reward() returned {reward.value}; return a finite number")
+            return reward
+        except UnscorableError as error:
+            return RewardFailure(f"{_describe(error)} {where}", unscorable=True)
         except Exception as error:
-            return f"{_describe(error)} (in {type(self).__name__}.reward)"
+            return RewardFailure(f"{_describe(error)} {where}", unscorable=False)
 
     async def rollout(
         self,
@@ -318,8 +383,11 @@ class Environment:
                     f"{trajectory.termination.value} ({trajectory.termination_detail})",
                 )
             reward = await self.score(trajectory, episode)
-            if isinstance(reward, str):
-                return RolloutResult(task.id, sample, trajectory, None, reward_error=reward)
+            if isinstance(reward, RewardFailure):
+                unscorable = reward.unscorable
+                return RolloutResult(
+                    task.id, sample, trajectory, None, reward_error=reward.detail, unscorable=unscorable
+                )
             return RolloutResult(task.id, sample, trajectory, reward.value, reward.breakdown, reward.info)
         finally:
             await _cleanup(self, episode)

@@ -15,6 +15,12 @@ because several scorers give partial credit (0.01) to any wrong but well-formed 
 ``threshold=None`` for the raw score. File rows are scored by exact match (as integers when both
 parse, else as normalised text).
 
+The reward is total over model output: whatever the model writes scores a number in [0, 1], never
+an error. Some reasoning-gym scorers raise on malformed answers (``prime_factorization`` runs
+``int()`` on each factor, so ``Answer: 7 or 5`` raises ValueError); such an answer scores 0, as does a
+scorer result that is not a finite number. A rollout the policy cannot get unscored is the point:
+an unscored rollout would be excluded from the averages and pay a policy for writing garbage.
+
 Tools (``tool``): ``python`` runs model-written code in :mod:`agentboost.sandbox` (one
 :class:`~agentboost.sandbox.pool.SandboxPool` per process and event loop, created lazily and closed
 when that loop ends); ``calculator`` is the safe expression evaluator (no processes at all, the
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -101,9 +108,12 @@ def extract_answer(text: str) -> str | None:
 def exact_match(answer: str, gold: Any) -> float:
     """1.0 when ``answer`` equals ``gold``: as integers when both parse (``1,000`` = 1000), else as text."""
 
-    def as_int(value: str) -> int | None:
-        text = value.replace(",", "").strip()
-        return int(text) if re.fullmatch(r"[-+]?\d+", text) else None
+    def as_int(value: str) -> str | None:  # canonical digits, not int(): no 4300-digit limit
+        match = re.fullmatch(r"([-+]?)0*(\d+)", value.replace(",", "").strip(), re.ASCII)
+        if match is None:
+            return None
+        sign = "-" if match[1] == "-" and match[2].strip("0") else ""
+        return sign + (match[2].lstrip("0") or "0")
 
     left, right = as_int(answer), as_int(str(gold))
     if left is not None and right is not None:
@@ -292,13 +302,22 @@ class MathEnvironment(Environment):
             return exact_match(answer, task.ground_truth)
         import reasoning_gym
 
-        return float(reasoning_gym.get_score_answer_fn(task.metadata["generator"])(answer, entry))
+        scorer = reasoning_gym.get_score_answer_fn(task.metadata["generator"])
+        try:
+            value = float(scorer(answer, entry))
+        except Exception:  # a scorer that raises on a malformed answer: the answer is wrong (see above)
+            return 0.0
+        return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
 
-    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
-        raw = self.score_answer(extract_answer(trajectory.final_text), episode.task)
+    def answer_reward(self, answer: str | None, task: Task) -> float:
+        """The reward of an extracted answer: its raw score, thresholded unless ``threshold`` is None."""
+        raw = self.score_answer(answer, task)
         if self.threshold is None:
             return raw
         return 1.0 if raw >= self.threshold else 0.0
+
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
+        return self.answer_reward(extract_answer(trajectory.final_text), episode.task)
 
 
 def _per_generator_config(config: Mapping[str, Any], names: list[str]) -> dict[str, dict[str, Any]]:

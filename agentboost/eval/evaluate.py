@@ -1,10 +1,12 @@
 """Evaluate an engine on an environment: rollouts through the resumable runner, then a JSON report.
 
 The report (``format: agentboost.eval``, ``version: 1``) holds pass@k and pass^k for every k up to
-the samples per task, mean reward and success rate over *scored* rollouts (a rollout whose reward
-could not be computed is counted as unscored, never as wrong), termination counts, per-tool calls,
-errors and statuses, parse errors, tokens and latency, and the statistics tables. ``compare``
-lines two reports up metric by metric.
+the samples per task, mean reward and success rate over *scored* rollouts with their ``coverage``
+(scored / rollouts; every rollout is scored, unscorable or failed, see
+:mod:`agentboost.rollout.outcomes`), the unscorable and failed counts (failures by reason, a reward
+that raised included), termination counts, per-tool calls, errors and statuses, parse errors, tokens
+and latency, and the statistics tables. The summary text marks every rate whose coverage is below
+100%. ``compare`` lines two reports up metric by metric.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.eval.passk import pass_table, task_counts
 from agentboost.eval.stats import tool_usage_stats
+from agentboost.rollout.outcomes import MEAN_REWARD_DEFINITION
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import Execute, RunConfig, RunSummary, in_process, plan_jobs, run_jobs
 
@@ -67,7 +70,13 @@ def build_report(
         "rollouts": len(results),
         "scored": summary["scored"],
         "unscored": summary["unscored"],
+        "unscorable": summary["unscorable"],
+        "failed": summary["failed"],
+        "failures": summary["failures"],
+        "coverage": summary["coverage"],
+        "mean_reward_definition": MEAN_REWARD_DEFINITION,
         "mean_reward": summary["mean_reward"],
+        "do_nothing_baseline": _breakdown_mean(results, "do_nothing_baseline"),
         "success_rate": summary["success_rate"],
         "pass@k": {str(k): value for k, value in table["pass@k"].items()},
         "pass^k": {str(k): value for k, value in table["pass^k"].items()},
@@ -92,6 +101,12 @@ def build_report(
         },
         "stats": stats.to_dict(),
     }
+
+
+def _breakdown_mean(results: Sequence[RolloutResult], key: str) -> float | None:
+    """The mean of a reward-breakdown part over the scored rollouts that record it (None: none do)."""
+    values = [r.reward_breakdown[key] for r in results if r.reward is not None and key in r.reward_breakdown]
+    return sum(values) / len(values) if values else None
 
 
 async def evaluate(
@@ -171,13 +186,36 @@ def summary_text(report: Mapping[str, Any]) -> str:
     head = " ".join(
         str(report[key]) for key in ("environment", "split", "model", "engine") if report.get(key) is not None
     )
+    rollouts, scored = report["rollouts"], report["scored"]
+    coverage = f"coverage {scored}/{rollouts}" + (f" = {scored / rollouts:.1%}" if rollouts else "")
+    incomplete = scored < rollouts
+    mark = "*" if incomplete else ""
+    failures = ", ".join(f"{reason} {count}" for reason, count in (report.get("failures") or {}).items())
+    outcomes = (
+        f"{scored} scored, {report.get('unscorable', 0)} unscorable, "
+        f"{report.get('failed', rollouts - scored)} failed" + (f" ({failures})" if failures else "")
+    )
+
+    def pass_line(family: str) -> str:
+        tasks, per_k = report["tasks"], report.get("tasks_per_k", {})
+        cells = []
+        for k, value in report[family].items():
+            covered = per_k.get(k, tasks)
+            cells.append(
+                f"k={k}: {_number(value)}" + (f"* ({covered}/{tasks} tasks)" if covered < tasks else "")
+            )
+        return f"{family}  " + "  ".join(cells)
+
+    baseline = ""
+    if report.get("do_nothing_baseline") is not None:  # the environment records one (tau2)
+        baseline = f" (a do-nothing policy: {_number(report['do_nothing_baseline'])})"
     lines = [
-        f"{head}: {report['tasks']} tasks x {report['samples']} samples = {report['rollouts']} rollouts "
-        f"({report['scored']} scored, {report['unscored']} unscored); "
-        f"success = reward >= {report['threshold']:g}",
-        f"mean reward {_number(report['mean_reward'])} | success rate {_number(report['success_rate'])}",
-        "pass@k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass@k"].items()),
-        "pass^k  " + "  ".join(f"k={k}: {_number(v)}" for k, v in report["pass^k"].items()),
+        f"{head}: {report['tasks']} tasks x {report['samples']} samples = {rollouts} rollouts "
+        f"({outcomes}); success = reward >= {report['threshold']:g}",
+        f"mean reward {_number(report['mean_reward'])}{mark}{baseline} | success rate "
+        f"{_number(report['success_rate'])}{mark} | {coverage} (rates are over scored rollouts)",
+        pass_line("pass@k"),
+        pass_line("pass^k"),
         "endings " + ", ".join(f"{reason} {count}" for reason, count in report["terminations"].items()),
         f"turns {_number(report['turns_mean'])} | tool calls {_number(report['tool_calls_mean'])}"
         f" per rollout, {_number(report.get('tool_use_rate'))} of rollouts call a tool"
@@ -192,6 +230,11 @@ def summary_text(report: Mapping[str, Any]) -> str:
         f"total {_number(tokens['total_mean'])} | latency mean {_number(latency['mean'])} s, "
         f"p50 {_number(latency['p50'])} s, p90 {_number(latency['p90'])} s"
     )
+    if incomplete:
+        lines.append(
+            f"* over {scored} of {rollouts} rollouts only: the others were unscorable or failed (not the "
+            "policy's doing); resume the run to retry them"
+        )
     return "\n".join(lines)
 
 
@@ -214,6 +257,7 @@ def compare_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[st
             "rollouts": report.get("rollouts"),
             "scored": report.get("scored"),
             "unscored": report.get("unscored"),
+            "coverage": report.get("coverage"),
             "mean reward": report.get("mean_reward"),
             "success rate": report.get("success_rate"),
         }

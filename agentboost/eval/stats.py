@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentboost.envs.base import RolloutResult
+from agentboost.rollout.outcomes import reward_summary
 
 CALL_BUCKETS = ("0", "1", "2", "3", "4", "5-9", "10+")
 NO_SUBMISSION = "no submission"
@@ -78,10 +79,15 @@ class Stats:
 
     def to_markdown(self) -> str:
         summary = self.summary
+        failures = ", ".join(f"{reason} {count}" for reason, count in summary["failures"].items())
+        mark = "*" if summary["scored"] < summary["rollouts"] else ""
         head = (
             f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored, "
-            f"{summary['unscored']} unscored; mean reward {_cell(summary['mean_reward'])}, "
-            f"success rate {_cell(summary['success_rate'])} (reward >= {summary['threshold']:g})"
+            f"{summary['unscorable']} unscorable, {summary['failed']} failed"
+            + (f" ({failures})" if failures else "")
+            + f"; mean reward {_cell(summary['mean_reward'])}{mark}, success rate "
+            f"{_cell(summary['success_rate'])}{mark} (reward >= {summary['threshold']:g}; over scored "
+            f"rollouts, coverage {_cell(summary['coverage'])})"
         )
         parts = ["## Rollout statistics", "", head]
         coding = False
@@ -167,20 +173,22 @@ def _group_rows(
     rows = []
     for key in order:
         members = groups.get(key, [])
-        rewards = [r.reward for r in members if r.reward is not None]
+        rewards = reward_summary(members, threshold=threshold)
         rows.append(
             [
                 key,
                 len(members),
                 _share(len(members), total),
-                _mean(rewards),
-                _share(sum(reward >= threshold for reward in rewards), len(rewards)),
+                rewards.mean,
+                rewards.success_rate,
+                rewards.coverage,
             ]
         )
     return rows
 
 
-GROUP_COLUMNS = ["", "rollouts", "share", "mean reward", "success rate"]
+GROUP_COLUMNS = ["", "rollouts", "share", "mean reward", "success rate", "coverage"]
+"""Mean reward and success rate are over the group's scored rollouts; coverage is scored / rollouts."""
 
 
 def tool_usage_stats(
@@ -193,8 +201,7 @@ def tool_usage_stats(
     """
     results = list(results)
     total = len(results)
-    scored = [r for r in results if r.reward is not None]
-    rewards = [r.reward for r in scored if r.reward is not None]
+    rewards = reward_summary(results, threshold=threshold)
     metrics = [r.trajectory.metrics for r in results]
     latencies = [float(m["latency_s"]) for m in metrics if isinstance(m.get("latency_s"), int | float)]
     parse_kinds: Counter[str] = Counter()
@@ -207,11 +214,15 @@ def tool_usage_stats(
     summary: dict[str, Any] = {
         "rollouts": total,
         "tasks": len({r.task_id for r in results}),
-        "scored": len(scored),
-        "unscored": total - len(scored),
+        "scored": rewards.scored,
+        "unscored": total - rewards.scored,
+        "unscorable": rewards.unscorable,
+        "failed": rewards.failed,
+        "failures": rewards.failures,
+        "coverage": rewards.coverage,
         "threshold": threshold,
-        "mean_reward": _mean(rewards),
-        "success_rate": _share(sum(reward >= threshold for reward in rewards), len(rewards)),
+        "mean_reward": rewards.mean,
+        "success_rate": rewards.success_rate,
         "turns_mean": _mean([float(m.get("turns") or 0) for m in metrics]),
         "tool_calls_mean": _mean([float(m.get("tool_calls") or 0) for m in metrics]),
         "tool_calls_total": sum(int(m.get("tool_calls") or 0) for m in metrics),

@@ -2,7 +2,11 @@
 
 - stdin/stdout tests (:func:`run_stdio_tests`): ``{"input": "1 2\\n", "output": "3\\n"}``; outputs match
   when they are equal line by line after removing trailing whitespace from each line and trailing blank
-  lines at the end.
+  lines at the end (``compare="exact"``), or, by default (``compare="float"``), also when the lines that
+  differ hold the same whitespace-separated tokens except for decimal numbers within tolerance:
+  ``|got - expected| <= FLOAT_ABS_TOL + FLOAT_REL_TOL * |expected|`` (1e-8 and 1e-5: numpy's ``allclose``
+  defaults, which the APPS/TACO graders that DeepCoder and PRIME use apply to outputs that are not all
+  integers). Integer tokens must match exactly, and ``nan`` / ``inf`` never match a number.
 - function-call tests (:func:`run_function_tests`), LiveCodeBench/DeepCoder style: the program defines
   ``class Solution`` with method ``func_name`` (called as ``Solution().func_name(*args)``) or a top-level
   function ``func_name``. ``input`` is either JSON text with one argument per line (``"[1, 2]\\n3"``) or
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -158,8 +163,13 @@ async def run_stdio_tests(
     pool: SandboxPool | None = None,
     limits: SandboxLimits | None = None,
     fail_fast: bool = False,
+    compare: str = "float",
 ) -> TestReport:
-    """Run ``program`` once per test with the test's ``input`` on stdin; compare stdout to ``output``."""
+    """Run ``program`` once per test with the test's ``input`` on stdin; compare stdout to ``output``
+    (``compare``: ``"float"``, decimal numbers within tolerance, or ``"exact"`` text; see the module
+    docstring)."""
+    if compare not in STDOUT_COMPARISONS:
+        raise ValueError(f"compare must be one of {', '.join(STDOUT_COMPARISONS)}, got {compare!r}")
     cases = [
         (str(_field(test, "input", index)), str(_field(test, "output", index)))
         for index, test in enumerate(tests)
@@ -170,29 +180,61 @@ async def run_stdio_tests(
         result = await sandbox.run_python(program, stdin=stdin, limits=limits)
         if not result.ok:
             return _failed(index, result, expected)
-        difference = _stdout_difference(expected, result.stdout)
+        difference = _stdout_difference(expected, result.stdout, compare)
         status = TestStatus.WRONG_ANSWER if difference else TestStatus.PASSED
         return TestResult(index, status, difference, _cut(expected), _cut(result.stdout), result.duration_s)
 
     return await _run_cases(len(cases), run_case, pool, fail_fast)
 
 
-def outputs_match(expected: str, actual: str) -> bool:
-    """Equal line by line after stripping trailing whitespace per line and trailing blank lines."""
-    return _normalized_lines(expected) == _normalized_lines(actual)
+STDOUT_COMPARISONS = ("float", "exact")
+FLOAT_REL_TOL = 1e-5
+FLOAT_ABS_TOL = 1e-8
+_INTEGER = re.compile(r"[-+]?\d+")
+_DECIMAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _stdout_difference(expected: str, actual: str) -> str:
+def outputs_match(expected: str, actual: str, compare: str = "exact") -> bool:
+    """Equal line by line after stripping trailing whitespace per line and trailing blank lines
+    (``compare="float"``: decimal numbers within tolerance too)."""
+    return not _stdout_difference(expected, actual, compare)
+
+
+def _lines_match(want: str, got: str, compare: str) -> bool:
+    if want == got:
+        return True
+    if compare != "float":
+        return False
+    want_tokens, got_tokens = want.split(), got.split()
+    return len(want_tokens) == len(got_tokens) and all(map(_tokens_match, want_tokens, got_tokens))
+
+
+def _tokens_match(want: str, got: str) -> bool:
+    if want == got:
+        return True
+    if _INTEGER.fullmatch(want) and _INTEGER.fullmatch(got):
+        return False  # integers are exact
+    if not (_DECIMAL.fullmatch(want) and _DECIMAL.fullmatch(got)):
+        return False  # words, nan, inf, 1_000, 0x10: text only
+    expected, value = float(want), float(got)
+    if not (math.isfinite(expected) and math.isfinite(value)):
+        return False
+    return abs(value - expected) <= FLOAT_ABS_TOL + FLOAT_REL_TOL * abs(expected)
+
+
+def _stdout_difference(expected: str, actual: str, compare: str = "exact") -> str:
     """'' when the outputs match; otherwise where they first differ, in a sentence."""
     want, got = _normalized_lines(expected), _normalized_lines(actual)
     if want == got:
         return ""
     for number, (want_line, got_line) in enumerate(zip(want, got, strict=False), start=1):
-        if want_line != got_line:
+        if not _lines_match(want_line, got_line, compare):
             return f"line {number}: expected {_cut(want_line, 80)!r}, got {_cut(got_line, 80)!r}"
     if len(got) < len(want):
         return f"output ends after {len(got)} lines; expected {len(want)}"
-    return f"{len(got) - len(want)} extra lines after the expected {len(want)}"
+    if len(got) > len(want):
+        return f"{len(got) - len(want)} extra lines after the expected {len(want)}"
+    return ""
 
 
 def _normalized_lines(text: str) -> list[str]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits, resolve_limits
 from agentboost.engines.base import SamplingParams
-from agentboost.envs.base import Environment, RolloutResult
+from agentboost.envs.base import Environment, Outcome, RolloutResult
+from agentboost.errors import TooManyFailuresError
+from agentboost.rollout.outcomes import reward_summary
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
 from agentboost.train.config import EvalConfig, RolloutConfig
@@ -29,22 +30,52 @@ class CountingStore(ResultStore):
 
 
 def result_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
-    """What the trainer and ``agentboost sft`` log about a set of rollouts (unscored rewards count as 0).
+    """What the trainer and ``agentboost sft`` log about a set of rollouts.
 
-    ``reward_mean``, ``reward_std`` (sample std), ``failed``, ``generated_tokens_mean`` and
-    ``tool_use_rate``: the share of rollouts with at least one tool call.
+    The :func:`~agentboost.rollout.outcomes.reward_summary` numbers (``reward_mean`` and
+    ``reward_std`` over the scored rollouts; ``scored``, ``unscorable``, ``failed``, ``coverage``,
+    ``failed/<reason>``), plus ``generated_tokens_mean`` and ``tool_use_rate`` (the share of
+    rollouts with at least one tool call).
     """
     count = max(1, len(results))
-    rewards = [r.reward if r.reward is not None else 0.0 for r in results]
-    mean = sum(rewards) / count
-    variance = sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) if len(rewards) > 1 else 0.0
     return {
-        "reward_mean": mean,
-        "reward_std": math.sqrt(variance),
-        "failed": float(sum(r.failed for r in results)),
+        **reward_summary(results).metrics(),
         "generated_tokens_mean": sum(r.trajectory.generated_tokens for r in results) / count,
         "tool_use_rate": sum(1 for r in results if r.trajectory.metrics.get("tool_calls")) / count,
     }
+
+
+def step_results(
+    results: Sequence[RolloutResult], *, max_failed_fraction: float
+) -> tuple[list[RolloutResult], dict[str, float]]:
+    """The rule for a training step's unscored rollouts: the scored ones, and the step's metrics.
+
+    A failed or unscorable group member is MASKED: left out of the update and of its group's
+    statistics, so the group's baseline (mean, std) is over its scored members only; a group left with
+    fewer than two scored members carries no signal (counted in ``groups/zero_signal_fraction`` like a
+    group of equal rewards). An unscored member is never given reward 0: that would teach the policy
+    from an infrastructure failure. ``groups/with_unscored`` counts the groups that lost members.
+
+    Raises TooManyFailuresError when more than ``max_failed_fraction`` of the rollouts failed.
+    """
+    rewards = reward_summary(results)
+    if rewards.failed_fraction > max_failed_fraction:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in rewards.failures.items())
+        first = next(r for r in results if r.outcome is Outcome.FAILED)
+        raise TooManyFailuresError(
+            f"{rewards.failed} of {rewards.total} rollouts of the step failed ({reasons}), more than "
+            f"rollout.max_failed_fraction={max_failed_fraction:g} allows; the first: task {first.task_id!r}: "
+            f"{first.reward_error or first.trajectory.termination_detail}; fix it and resume the run"
+        )
+    summary = result_metrics(results)
+    metrics = {
+        "reward/mean": summary.pop("reward_mean"),
+        "reward/std": summary.pop("reward_std"),
+        "rollout/truncated_fraction": sum(r.termination.truncated for r in results) / max(1, len(results)),
+        **{f"rollout/{name}": value for name, value in summary.items()},
+        "groups/with_unscored": float(len({r.task_id for r in results if r.failed})),
+    }
+    return [r for r in results if not r.failed], metrics
 
 
 def rollout_limits(

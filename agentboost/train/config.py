@@ -90,6 +90,9 @@ class RolloutConfig:
     """Rollouts in flight at once (the engine batches their decode steps)."""
     retries: int = 2
     """Extra attempts for a rollout that ended with an engine error."""
+    max_failed_fraction: float = 0.5
+    """The run stops when more than this share of a step's rollouts failed (engine, worker or
+    environment errors, rewards that raised); see :func:`agentboost.train.collect.step_results`."""
 
 
 @dataclass
@@ -222,6 +225,10 @@ class TrainConfig:
             (self.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 disables it)"),
             (self.rollout.concurrency >= 1, "rollout.concurrency must be >= 1"),
             (self.rollout.retries >= 0, "rollout.retries must be >= 0 (0: no retries)"),
+            (
+                0 <= self.rollout.max_failed_fraction <= 1,
+                "rollout.max_failed_fraction must be in [0, 1] (1: never stop for failures)",
+            ),
             *(
                 (value is None or value >= 1, f"rollout.{name} must be >= 1 (or null for the environment's)")
                 for name, value in (

@@ -43,7 +43,7 @@ from agentboost.errors import ConfigError
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.checkpoint import Checkpoints
-from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits
+from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits, step_results
 from agentboost.train.config import TrainConfig
 from agentboost.train.logging import MetricsLogger
 from agentboost.train.policy import (
@@ -340,19 +340,11 @@ class Trainer:
         return metrics
 
     def make_samples(self, results: Sequence[RolloutResult]) -> tuple[list[Sample], dict[str, float]]:
-        """Advantages per group. Failed rollouts are left out; zero-signal groups counted (maybe dropped)."""
+        """Advantages per group. Unscored rollouts are masked (see :func:`step_results`); zero-signal
+        groups counted (maybe dropped)."""
         algorithm = self.config.algorithm
-        usable = [r for r in results if not r.failed]
+        usable, metrics = step_results(results, max_failed_fraction=self.config.rollout.max_failed_fraction)
         group_of = {task_id: index for index, task_id in enumerate(dict.fromkeys(r.task_id for r in results))}
-        summary = result_metrics(results)
-        metrics = {
-            "reward/mean": summary["reward_mean"],
-            "reward/std": summary["reward_std"],
-            "rollout/failed": summary["failed"],
-            "rollout/truncated_fraction": sum(r.termination.truncated for r in results) / len(results),
-            "rollout/generated_tokens_mean": summary["generated_tokens_mean"],
-            "rollout/tool_use_rate": summary["tool_use_rate"],
-        }
         if not usable:
             metrics.update({"groups/zero_signal_fraction": 1.0, "groups/dropped": float(len(group_of))})
             return [], metrics

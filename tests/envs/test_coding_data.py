@@ -122,10 +122,25 @@ def test_a_row_without_hidden_tests_is_refused_with_a_reason():
         normalize_row({"problem": "p", "tests": json.dumps({"inputs": [], "outputs": []})}, 0)
 
 
-def test_hidden_tests_cap_keeps_the_longest_inputs_in_order():
+def test_hidden_tests_cap_keeps_the_public_tests_and_a_seeded_sample_in_order():
     tests = [{"input": "x" * n, "output": ""} for n in (3, 9, 1, 7, 5)]
-    assert [len(t["input"]) for t in grading.longest_tests(tests, 3)] == [9, 7, 5]
-    assert grading.longest_tests(tests, None) == tests
+    task = CodingTask(id="t", problem="p", test_type="stdio", public_tests=tests[:1], hidden_tests=tests)
+    picked = grading.capped_tests(task, 3)
+    assert picked[0] == tests[0] and len(picked) == 3 and len({t["input"] for t in picked}) == 3
+    others = [tests.index(t) for t in picked[1:]]
+    assert others == sorted(others)  # the sample keeps the dataset's order
+    assert grading.capped_tests(task, None) == tests and grading.capped_tests(task, 5) == tests
+
+
+def test_a_row_whose_hidden_tests_are_its_public_ones_is_refused(tmp_path):
+    public = json.dumps([{"input": "1", "output": "2", "testtype": "stdin"}])
+    row = {"question_content": "double it", "public_test_cases": public, "private_test_cases": "[]"}
+    with pytest.raises(ConfigError, match="hidden tests are the public tests"):
+        normalize_row(row, 0)
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    report = prepare_tasks([str(path)])
+    assert not report.tasks and "hidden tests are the public tests" in report.malformed[0].reason
 
 
 def test_humaneval_docstring_examples():

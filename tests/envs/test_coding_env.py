@@ -13,6 +13,7 @@ from agentboost.envs.coding.data import prepare_tasks, write_tasks
 from agentboost.envs.coding.environment import TOOL_NAME, CodingEnvironment
 from agentboost.envs.coding.shared_pool import shared_pools
 from agentboost.envs.registry import make_environment
+from agentboost.errors import ConfigError
 
 FIXTURES = Path(__file__).parents[1] / "data" / "coding"
 GOOD = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -171,6 +172,20 @@ def test_task_prompt_shows_starter_code_and_not_hidden_tests(data):
     assert "class Solution" in functional.prompt and "`add`" in functional.prompt
 
 
+def test_humaneval_train_and_test_are_disjoint_by_id_and_problem_text():
+    from agentboost.envs.coding.data import humaneval_split
+
+    environment = make_environment("coding")
+    train, test = environment.tasks(split="train"), environment.tasks(split="test")
+    assert (len(train), len(test), len(environment.tasks(split="all"))) == (113, 51, 164)
+    assert {t.id for t in train}.isdisjoint(t.id for t in test)
+    assert {" ".join(t.prompt.split()) for t in train}.isdisjoint(" ".join(t.prompt.split()) for t in test)
+    assert all(humaneval_split(t.id) == "test" for t in test)  # the documented hash, not a draw
+    assert [t.id for t in test[:3]] == ["HumanEval/4", "HumanEval/5", "HumanEval/6"]
+    with pytest.raises(ConfigError, match="splits train, test and all"):
+        environment.tasks(split="validation")
+
+
 def test_bad_environment_arguments_are_config_errors():
     from agentboost.errors import ConfigError
 
@@ -178,12 +193,14 @@ def test_bad_environment_arguments_are_config_errors():
         make_environment("coding", {"reward": "partial"})
     with pytest.raises(ConfigError, match="humaneval_mode"):
         make_environment("coding", {"humaneval_mode": "fast"})
+    with pytest.raises(ConfigError, match="output_compare"):
+        make_environment("coding", {"output_compare": "fuzzy"})
 
 
 def test_humaneval_by_default_through_the_whole_rollout(qwen_tokenizer, say, tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTBOOST_HOME", str(tmp_path))  # prepares HumanEval afresh (sandbox-checked)
     environment = make_environment("coding")
-    tasks = environment.tasks(3)
+    tasks = environment.tasks(3, split="all")
     assert [t.id for t in tasks] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert (tmp_path / "coding" / "humaneval.jsonl").exists()
     for task in tasks:

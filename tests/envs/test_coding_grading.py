@@ -45,7 +45,7 @@ def grade(task: CodingTask, program: str, *, hidden: bool = True, **kwargs) -> g
         async with SandboxPool(size=2, limits=LIMITS) as pool:
             if hidden:
                 return await grading.run_hidden_tests(pool, task, program, LIMITS, **kwargs)
-            return await grading.run_public_tests(pool, task, program, LIMITS)
+            return await grading.run_public_tests(pool, task, program, LIMITS, **kwargs)
 
     return asyncio.run(main())
 
@@ -170,3 +170,78 @@ FORGERIES = {
 def test_humaneval_verdicts_cannot_be_forged_by_the_submission(forgery):
     task = humaneval_task(humaneval_rows()[0])
     assert not grade(task, FORGERIES[forgery]).all_passed
+
+
+# --- which tests a reward runs, and how stdout is compared ------------------------------------------
+
+# short inputs are the hard ones: a program that is right on the 20 long inputs and wrong on every
+# short one (the public example included) passed the old default, "the 15 longest hidden tests"
+SHORT_HARD = CodingTask(
+    id="short-hard",
+    problem="print the number of characters of the line",
+    test_type="stdio",
+    public_tests=[{"input": "ab\n", "output": "2\n"}],
+    hidden_tests=[
+        {"input": "ab\n", "output": "2\n"},
+        {"input": "a\n", "output": "1\n"},
+        {"input": "\n", "output": "0\n"},
+        *({"input": "x" * (100 + n) + "\n", "output": f"{100 + n}\n"} for n in range(20)),
+    ],
+)
+RIGHT_ON_LONG_ONLY = "line = input()\nprint(len(line) if len(line) >= 100 else 99)\n"
+
+
+def test_every_hidden_test_runs_by_default_so_short_inputs_that_fail_are_caught():
+    assert grade(SHORT_HARD, "print(len(input()))\n").all_passed  # the right program passes
+    graded = grade(SHORT_HARD, RIGHT_ON_LONG_ONLY)
+    assert (graded.passed, graded.total, graded.all_passed) == (20, 23, False)
+    old_default = sorted(range(23), key=lambda i: -len(SHORT_HARD.hidden_tests[i]["input"]))[:15]
+    assert all(len(SHORT_HARD.hidden_tests[i]["input"]) > 100 for i in old_default)  # why it scored 1.0
+
+
+def test_a_capped_reward_always_runs_the_public_tests_plus_a_seeded_sample():
+    picked = grading.capped_tests(SHORT_HARD, 5)
+    assert picked[0] == SHORT_HARD.public_tests[0] and len(picked) == 5
+    assert picked == grading.capped_tests(SHORT_HARD, 5)  # the same sample every time
+    assert picked != grading.capped_tests(SHORT_HARD, 5, seed=1)  # another seed, another sample
+    assert grading.capped_tests(SHORT_HARD, None) == SHORT_HARD.hidden_tests
+    assert not grade(SHORT_HARD, RIGHT_ON_LONG_ONLY, max_tests=5).all_passed  # the shown example fails
+
+
+FLOAT = CodingTask(
+    id="third",
+    problem="print 1/3 and 2/3",
+    test_type="stdio",
+    hidden_tests=[{"input": "", "output": "0.333333 0.666667\n"}],
+)
+
+
+def test_stdout_numbers_match_within_tolerance_unless_exact_text_is_asked_for():
+    precise = "print(1 / 3, 2 / 3)\n"  # 0.3333333333333333 0.6666666666666666
+    assert grade(FLOAT, precise).all_passed
+    assert not grade(FLOAT, precise, compare="exact").all_passed
+    assert grade(FLOAT, "print('0.333333 0.666667')\n", compare="exact").all_passed
+    assert not grade(FLOAT, "print(0.3334, 2 / 3)\n").all_passed  # 1e-4 off: beyond 1e-5 relative
+    assert not grade(STDIO, "a, b = map(int, input().split())\nprint(a + b + 0.5)\n").all_passed
+
+
+@pytest.mark.parametrize(
+    ("expected", "got", "same"),
+    [
+        ("3.14159\n", "3.141590000\n", True),
+        ("1 2.5 x\n", "1 2.50000001 x\n", True),
+        ("3.0\n", "3\n", True),  # as the APPS/TACO graders: not all integers, so compared as floats
+        ("10\n", "11\n", False),
+        ("100000000000000000001\n", "100000000000000000000\n", False),  # integers are exact
+        ("nan\n", "nan\n", True),  # equal text
+        ("1.0\n", "nan\n", False),
+        ("1.0\n", "1e400\n", False),
+        ("1000.0\n", "1_000\n", False),
+        ("YES\n", "yes\n", False),
+    ],
+)
+def test_float_tolerance_rules(expected, got, same):
+    from agentboost.sandbox.testcases import outputs_match
+
+    assert outputs_match(expected, got, "float") is same
+    assert outputs_match(expected, got, "exact") is (expected == got)

@@ -44,6 +44,52 @@ def test_reward_agrees_with_the_generators_scorer_on_gold_and_wrong_answers(gene
         assert wrong.reward == 0.0, (generator, gold)
 
 
+HOSTILE_ANSWERS = [
+    "7 or 5",  # made reasoning-gym's prime_factorization scorer raise ValueError (issue 23)
+    "I am not sure",
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "9" * 5000,  # more digits than int() converts by default
+    "-0",
+    "∞",
+    "１２",  # full-width digits
+    "١٢٣",  # Arabic-Indic digits
+    "x" * 20000,
+    "1/0",
+    "0/0",
+    "((((",
+    "[1, 2]",
+    "None",
+    "10**10**10",
+    "2 × 3 × 5",
+    "\\frac{1}{0}",
+    "\x00\ud7ff",
+]
+
+
+@pytest.mark.parametrize("generator", SUPPORTED_GENERATORS)
+def test_every_hostile_answer_scores_zero_and_is_never_unscored(generator, qwen_tokenizer):
+    environment = MathEnvironment(generator, tool="none")
+    task = environment.tasks(1, seed=5)[0]
+    for answer in HOSTILE_ANSWERS:
+        assert environment.answer_reward(answer, task) == 0.0, (generator, answer[:20])
+        assert 0.0 <= environment.score_answer(answer, task) < 1.0  # raw: a finite score, maybe partial
+    empty = scripted_rollout(environment, task, qwen_tokenizer, ["Answer:"])
+    assert (empty.reward, empty.outcome.value) == (0.0, "scored")
+    for answer in ("7 or 5", "nan", "9" * 5000):  # whole rollouts: a reward, never a reward_error
+        result = scripted_rollout(environment, task, qwen_tokenizer, [f"Answer: {answer}"])
+        assert (result.reward, result.reward_error, result.outcome.value) == (0.0, None, "scored")
+
+
+def test_file_rows_score_hostile_answers_zero():
+    assert exact_match("9" * 5000, "9" * 5000) == 1.0  # compared as digits, past int()'s limit
+    assert exact_match("-0", "0") == 1.0 and exact_match("007", "7") == 1.0
+    for answer in HOSTILE_ANSWERS:
+        assert exact_match(answer, "42") == 0.0
+
+
 def test_partial_credit_is_thresholded_unless_asked_for(qwen_tokenizer):
     environment = MathEnvironment("fraction_simplification", tool="none")
     task = environment.tasks(1, seed=1)[0]

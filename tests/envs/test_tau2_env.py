@@ -55,7 +55,7 @@ def test_registered_and_validated():
 
 
 def test_tasks_are_stable_by_id_and_round_trip():
-    env = Tau2Environment(domain="airline")
+    env = Tau2Environment(domain="airline", reward="tau2")  # the packaged splits, every task kept
     train = env.tasks(split="train")
     assert len(train) == 30 and len(env.tasks(split="test")) == 20 and len(env.tasks(split="all")) == 50
     assert env.tasks(5, split="train") == train[:5]
@@ -155,6 +155,7 @@ def test_a_blank_customer_leaves_the_rollout_unscored(qwen_tokenizer, say):
     assert result.termination is TerminationReason.USER_ENDED
     assert result.trajectory.termination_detail == "simulator_failed: empty_reply"
     assert result.reward is None and "simulated customer failed" in result.reward_error
+    assert result.outcome.value == "unscorable"  # not the agent's doing: counted apart, rerun on resume
     assert not result.termination.failed  # the agent's turns are fine; only the score is missing
 
 

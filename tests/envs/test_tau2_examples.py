@@ -22,7 +22,7 @@ def test_prepare_data_writes_every_task_of_each_split_by_id(tmp_path):
         [*command, "--out-dir", str(tmp_path), "--verl"], cwd=ROOT, check=True, capture_output=True
     )
     env = Tau2Environment(domain="retail", mode="ticket")
-    for split, count in (("train", 74), ("test", 40)):
+    for split, count in (("train", 71), ("test", 40)):  # train: the 74 packaged less 3 with no signal
         lines = (tmp_path / "retail-ticket" / f"{split}.jsonl").read_text().splitlines()
         tasks = [Task.from_dict(json.loads(line)) for line in lines]
         assert len(tasks) == count and tasks == env.tasks(split=split)
@@ -34,6 +34,26 @@ def test_prepare_data_writes_every_task_of_each_split_by_id(tmp_path):
             "domain": "retail",
             "mode": "ticket",
         }
+
+
+def test_prepare_data_refuses_overlapping_splits_unless_asked(tmp_path):
+    command = [
+        sys.executable,
+        "examples/tau2/prepare_data.py",
+        "--domain",
+        "airline",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    refused = subprocess.run([*command, "--splits", "train,all"], cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "splits train and all: 25 test problems are also training problems" in refused.stderr
+    assert not (tmp_path / "airline-simulator").exists()  # nothing written
+    allowed = subprocess.run(
+        [*command, "--splits", "train,all", "--allow-overlap"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert allowed.returncode == 0 and "written anyway (--allow-overlap)" in allowed.stderr
+    assert len((tmp_path / "airline-simulator" / "all.jsonl").read_text().splitlines()) == 50
 
 
 @pytest.mark.parametrize("script", ["train.sh", "train_verl.sh"])

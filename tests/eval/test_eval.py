@@ -11,15 +11,26 @@ from results_support import GOOD, ToolEnvironment
 from agentboost.cli import main
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.eval.evaluate import evaluate, load_report
+from agentboost.errors import UnscorableError
+from agentboost.eval.evaluate import evaluate, load_report, summary_text
 
 
 class FlakyGrader(ToolEnvironment):
-    """The grader crashes on task test-1 sample 2: that sample is unscored, not wrong."""
+    """The reward crashes on task test-1's wrong answers: a bug in the environment, so those rollouts
+    are failed (``reward_error``), counted and reported, neither wrong nor quietly left out."""
 
     def reward(self, trajectory, episode):
         if episode.task.id == "test-1" and "Answer: 80" in trajectory.final_text:
-            raise RuntimeError("grader unavailable")
+            raise RuntimeError("grader crashed on this answer")
+        return super().reward(trajectory, episode)
+
+
+class JudgeDown(FlakyGrader):
+    """The judge is down for task test-0's wrong answers: unscorable (not the policy's doing)."""
+
+    def reward(self, trajectory, episode):
+        if episode.task.id == "test-0" and "Answer: 80" in trajectory.final_text:
+            raise UnscorableError("the judge service answered 503")
         return super().reward(trajectory, episode)
 
 
@@ -73,9 +84,28 @@ def test_unscored_samples_are_reported_not_counted_wrong(qwen_tokenizer, say, tm
     )
     # test-1's two wrong samples crashed the grader: 1 scored sample, which was right
     assert report["unscored"] == 2 and report["scored"] == 4
+    assert (report["failed"], report["unscorable"], report["failures"]) == (2, 0, {"reward_error": 2})
+    assert report["coverage"] == pytest.approx(4 / 6)
     assert report["pass@k"]["1"] == pytest.approx((2 / 3 + 1.0) / 2)
     assert report["tasks_per_k"] == {"1": 2, "2": 1, "3": 1}
     assert report["mean_reward"] == pytest.approx(3 / 4)
+    text = summary_text(report)  # every rate over fewer than all rollouts is marked, coverage beside it
+    assert "2 failed (reward_error 2)" in text and "coverage 4/6 = 66.7%" in text
+    assert "mean reward 0.750* | success rate 0.750*" in text
+    assert "k=2: 1.000* (1/2 tasks)" in text and "* over 4 of 6 rollouts only" in text
+
+
+def test_resume_runs_unscorable_and_failed_rollouts_again(qwen_tokenizer, say, tmp_path):
+    tasks = ToolEnvironment().tasks(split="test")
+    common = dict(out=tmp_path / "e.jsonl", samples=3, concurrency=1, progress=False)
+    first, _ = run(evaluate(JudgeDown(), _engine(say), qwen_tokenizer, tasks, **common))
+    # test-0 sample 1 was unscorable (judge down); test-1 samples 0 and 2 failed (reward_error)
+    assert (first["scored"], first["unscorable"], first["failed"]) == (3, 1, 2)
+    assert "*" in summary_text(first)
+    again, summary = run(evaluate(ToolEnvironment(), _engine(say), qwen_tokenizer, tasks, **common))
+    assert (summary.skipped, summary.completed) == (3, 3)  # exactly the three unscored ones ran again
+    assert (again["scored"], again["unscorable"], again["failed"], again["coverage"]) == (6, 0, 0, 1.0)
+    assert "*" not in summary_text(again)
 
 
 class FirstTokenEven(ToolEnvironment):

@@ -20,14 +20,16 @@ def test_generic_tables_equal_hand_counts():
     stats = tool_usage_stats(coding_fixture())
     summary = stats.summary
     assert (summary["rollouts"], summary["tasks"], summary["scored"], summary["unscored"]) == (6, 3, 5, 1)
+    assert (summary["unscorable"], summary["failed"], summary["failures"]) == (0, 1, {"engine_error": 1})
+    assert summary["coverage"] == pytest.approx(5 / 6)
     assert summary["mean_reward"] == pytest.approx(0.4)
     assert summary["success_rate"] == pytest.approx(0.4)
     assert summary["parse_errors_total"] == 3 and summary["rollouts_with_parse_errors"] == 2
     assert summary["tool_calls_total"] == 8
     assert rows(stats, "terminations") == [
-        ["completed", 4, 4 / 6, 0.5, 0.5],
-        ["engine_error", 1, 1 / 6, None, None],  # unscored: no reward, not a zero
-        ["max_turns", 1, 1 / 6, 0.0, 0.0],
+        ["completed", 4, 4 / 6, 0.5, 0.5, 1.0],
+        ["engine_error", 1, 1 / 6, None, None, 0.0],  # failed: no reward, not a zero
+        ["max_turns", 1, 1 / 6, 0.0, 0.0, 1.0],
     ]
     assert rows(stats, "tools") == [
         ["run_tests", 6, 1, 1 / 6, 3, 1.0],
@@ -43,13 +45,13 @@ def test_generic_tables_equal_hand_counts():
         ["read_file", "ok", 1, 0.5],
     ]
     assert rows(stats, "calls_per_rollout") == [
-        ["0", 2, 2 / 6, 0.0, 0.0],
-        ["1", 2, 2 / 6, 0.0, 0.0],
-        ["2", 1, 1 / 6, 1.0, 1.0],
-        ["3", 0, 0.0, None, None],
-        ["4", 1, 1 / 6, 1.0, 1.0],
-        ["5-9", 0, 0.0, None, None],
-        ["10+", 0, 0.0, None, None],
+        ["0", 2, 2 / 6, 0.0, 0.0, 0.5],
+        ["1", 2, 2 / 6, 0.0, 0.0, 1.0],
+        ["2", 1, 1 / 6, 1.0, 1.0, 1.0],
+        ["3", 0, 0.0, None, None, None],
+        ["4", 1, 1 / 6, 1.0, 1.0, 1.0],
+        ["5-9", 0, 0.0, None, None, None],
+        ["10+", 0, 0.0, None, None, None],
     ]
     assert rows(stats, "parse_errors") == [["bad_json", 2, 2], ["unknown_tool", 1, 1]]
 
@@ -57,9 +59,9 @@ def test_generic_tables_equal_hand_counts():
 def test_coding_tables_equal_hand_counts():
     stats = tool_usage_stats(coding_fixture())
     assert rows(stats, "coding_submissions") == [
-        ["no submission", 1, 0.2, 0.0, 0.0],
-        ["submitted without testing", 2, 0.4, 0.0, 0.0],
-        ["submitted after testing", 2, 0.4, 1.0, 1.0],
+        ["no submission", 1, 0.2, 0.0, 0.0, 1.0],
+        ["submitted without testing", 2, 0.4, 0.0, 0.0, 1.0],
+        ["submitted after testing", 2, 0.4, 1.0, 1.0, 1.0],
     ]
     assert stats.summary["coding"]["test_tools"] == ["run_tests"]  # the tool that records a status
     assert rows(stats, "coding_test_calls") == [
@@ -70,10 +72,10 @@ def test_coding_tables_equal_hand_counts():
         ["wrong_output", 1, 1 / 6],
     ]
     assert rows(stats, "coding_test_calls_per_rollout")[:4] == [
-        ["0", 2, 0.4, 0.0, 0.0],
-        ["1", 1, 0.2, 0.0, 0.0],
-        ["2", 1, 0.2, 1.0, 1.0],
-        ["3", 1, 0.2, 1.0, 1.0],
+        ["0", 2, 0.4, 0.0, 0.0, 1.0],
+        ["1", 1, 0.2, 0.0, 0.0, 1.0],
+        ["2", 1, 0.2, 1.0, 1.0, 1.0],
+        ["3", 1, 0.2, 1.0, 1.0, 1.0],
     ]
     assert rows(stats, "coding_first_failure") == [
         ["none (all passed)", 2, 0.5],

@@ -143,15 +143,16 @@ def test_bucketing_keeps_similar_lengths_together_within_the_budget():
     assert padding < 0.02  # one batch of all six would be 1 - 511 / 1800 = 72% padding
 
 
-def test_logged_rollout_metrics_count_unscored_as_zero_and_tool_use_per_rollout():
+def test_logged_rollout_metrics_average_scored_rollouts_and_count_the_rest():
     from results_support import coding_fixture
 
     from agentboost.train.collect import result_metrics
 
-    # rewards 1, 0, 0, 1, unscored (engine error), 0; rollouts a/0, b/0, b/1 and c/1 call a tool
+    # rewards 1, 0, 0, 1, failed (engine error), 0; rollouts a/0, b/0, b/1 and c/1 call a tool
     metrics = result_metrics(coding_fixture())
-    assert metrics["reward_mean"] == pytest.approx(2 / 6)
-    assert metrics["reward_std"] == pytest.approx(math.sqrt((2 * (2 / 3) ** 2 + 4 * (1 / 3) ** 2) / 5))
-    assert metrics["failed"] == 1.0
+    assert metrics["reward_mean"] == pytest.approx(2 / 5)  # one definition: over the scored rollouts
+    assert metrics["reward_std"] == pytest.approx(math.sqrt((2 * (3 / 5) ** 2 + 3 * (2 / 5) ** 2) / 4))
+    assert (metrics["scored"], metrics["failed"], metrics["unscorable"]) == (5.0, 1.0, 0.0)
+    assert metrics["failed/engine_error"] == 1.0 and metrics["coverage"] == pytest.approx(5 / 6)
     assert metrics["tool_use_rate"] == pytest.approx(4 / 6)
-    assert result_metrics([])["reward_mean"] == 0.0
+    assert math.isnan(result_metrics([])["reward_mean"])  # no scored rollout: no mean, not 0

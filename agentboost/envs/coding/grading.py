@@ -27,7 +27,9 @@ import ast
 import asyncio
 import copy
 import inspect
+import json
 import math
+import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -179,20 +181,33 @@ def task_limits(task: CodingTask, defaults: SandboxLimits) -> SandboxLimits:
     return replace(defaults, **changes) if changes else defaults
 
 
-def longest_tests(tests: Sequence[Mapping[str, Any]], cap: int | None) -> list[Mapping[str, Any]]:
-    """At most ``cap`` tests: the ones with the longest inputs (as DeepCoder's recipe does), in their
-    original order. Long inputs are the ones that catch slow and edge-case programs."""
-    if cap is None or len(tests) <= cap:
-        return list(tests)
-    ranked = sorted(range(len(tests)), key=lambda i: (-len(str(tests[i].get("input", ""))), i))
-    keep = sorted(ranked[:cap])
-    return [tests[i] for i in keep]
+def capped_tests(task: CodingTask, cap: int | None, *, seed: int = 0) -> list[Mapping[str, Any]]:
+    """The tests a reward runs: every hidden test when ``cap`` is None (the default) or not exceeded;
+    otherwise the task's public tests plus a random sample of the other hidden tests (seeded by
+    ``seed`` and the task id, so a task is always graded on the same sample), ``cap`` tests in all
+    (never fewer than the public ones). A program wrong on the example the tool shows never passes.
+    """
+    hidden = task.hidden_tests
+    if cap is None or len(hidden) <= cap:
+        return list(hidden)
+    public = list(task.public_tests)
+    shown = {_test_key(test) for test in public}
+    others = [index for index, test in enumerate(hidden) if _test_key(test) not in shown]
+    room = max(0, cap - len(public))
+    picked = sorted(random.Random(f"{seed}:{task.id}").sample(others, min(room, len(others))))
+    return [*public, *(hidden[index] for index in picked)]
+
+
+def _test_key(test: Mapping[str, Any]) -> str:
+    return json.dumps([test.get("input"), test.get("output")], sort_keys=True, default=str)
 
 
 # --- public tests (the tool) ----------------------------------------------------------------------
 
 
-async def run_public_tests(pool: SandboxPool, task: CodingTask, code: str, limits: SandboxLimits) -> Grade:
+async def run_public_tests(
+    pool: SandboxPool, task: CodingTask, code: str, limits: SandboxLimits, *, compare: str = "float"
+) -> Grade:
     """Run ``code`` on the task's public tests only. Never raises for anything the program does."""
     program = assemble_program(task, code)
     error = syntax_error(program)
@@ -206,7 +221,7 @@ async def run_public_tests(pool: SandboxPool, task: CodingTask, code: str, limit
             *(_run_call_example(pool, program, index, test, limits) for index, test in enumerate(tests))
         )
         return Grade(list(cases))
-    report = await _run_io_tests(pool, task, program, tests, limits, fail_fast=False)
+    report = await _run_io_tests(pool, task, program, tests, limits, fail_fast=False, compare=compare)
     return Grade(_cases(report, tests))
 
 
@@ -222,16 +237,20 @@ async def run_hidden_tests(
     max_tests: int | None = None,
     fail_fast: bool = False,
     humaneval_mode: str = "one_run",
+    compare: str = "float",
+    sample_seed: int = 0,
 ) -> Grade:
-    """Run ``code`` on the task's hidden tests (the ``max_tests`` longest; all when None)."""
+    """Run ``code`` on the task's hidden tests: all of them, or with ``max_tests`` the public tests
+    plus a seeded sample (:func:`capped_tests`); stdout compared by ``compare`` (``float`` or
+    ``exact``, see :mod:`agentboost.sandbox.testcases`)."""
     program = assemble_program(task, code)
     error = syntax_error(program)
     if error is not None:
         return Grade(compile_error=error)
     if task.test_type == "humaneval":
         return await _run_humaneval_hidden(pool, task, program, limits, humaneval_mode)
-    tests = longest_tests(task.hidden_tests, max_tests)
-    report = await _run_io_tests(pool, task, program, tests, limits, fail_fast=fail_fast)
+    tests = capped_tests(task, max_tests, seed=sample_seed)
+    report = await _run_io_tests(pool, task, program, tests, limits, fail_fast=fail_fast, compare=compare)
     return Grade(_cases(report, tests))
 
 
@@ -243,13 +262,16 @@ async def _run_io_tests(
     limits: SandboxLimits,
     *,
     fail_fast: bool,
+    compare: str = "float",
 ) -> TestReport:
     if task.test_type == "function":
         assert task.fn_name is not None
         return await run_function_tests(
             program, tests, task.fn_name, pool=pool, limits=limits, fail_fast=fail_fast
         )
-    return await run_stdio_tests(program, tests, pool=pool, limits=limits, fail_fast=fail_fast)
+    return await run_stdio_tests(
+        program, tests, pool=pool, limits=limits, fail_fast=fail_fast, compare=compare
+    )
 
 
 def _cases(report: TestReport, tests: Sequence[Mapping[str, Any]]) -> list[CaseResult]:

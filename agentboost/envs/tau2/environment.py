@@ -18,8 +18,8 @@ ticket mode: the agent ends its turn  ``completed``                 evaluated
 the customer spoke max_user_turns     ``user_ended`` /              0 (tau2 scores a conversation cut
 times and the agent answered again    ``max_user_turns (N)``        short by a limit as 0)
 a rollout limit (turns, tokens, time) that limit's reason           0 (same rule)
-the simulator replied blank after     ``user_ended`` /              unscored: ``reward_error`` says why
-its retries                           ``simulator_failed: ...``     (not the agent's fault)
+the simulator replied blank after     ``user_ended`` /              outcome ``unscorable`` (not the
+its retries                           ``simulator_failed: ...``     agent's fault): rerun on resume
 the simulator's engine failed         ``engine_error`` (the runner  none (retried)
                                       retries it)
 the simulator failed to open the      ``env_error`` (from reset)    none
@@ -47,12 +47,15 @@ from agentboost.envs.tau2.package import (
 from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
-from agentboost.errors import AgentBoostError, ConfigError, EngineError
+from agentboost.errors import ConfigError, EngineError, UnscorableError
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 MODES = ("simulator", "ticket")
 OPENING_PLACEHOLDER = "(the simulated customer's first message, written when the rollout starts)"
-REWARDS = ("tau2", "toolrl")
+REWARDS = ("auto", "tau2", "strict", "toolrl")
+"""``tau2``: tau2's own reward; ``strict``: tau2's reward, and every gold action performed, on tasks
+whose gold does something (0 elsewhere); ``auto`` (the default): ``strict`` on tasks of the train split,
+``tau2`` on every other split; ``toolrl``: the ToolRL-style score. See docs/tau2.md."""
 
 TICKET_INSTRUCTION = (
     "This request arrived as a written support ticket. The customer cannot answer questions: act on "
@@ -66,8 +69,9 @@ _ROLLOUT_ENGINE: contextvars.ContextVar[tuple[Engine, Any] | None] = contextvars
 )
 
 
-class SimulatorFailed(AgentBoostError):
-    """The simulated customer could not continue; the rollout carries no signal about the agent."""
+class SimulatorFailed(UnscorableError):
+    """The simulated customer could not continue; the rollout carries no signal about the agent
+    (raised by the reward, the rollout is ``unscorable``; raised by reset, it ends ``env_error``)."""
 
 
 class SimulatorEngineError(EngineError):
@@ -89,7 +93,8 @@ def ticket_text(task: Any) -> str:
 
 
 class Tau2Environment(Environment):
-    """tau2-bench: ``domain`` airline | retail | mock, ``mode`` simulator | ticket, ``reward`` tau2 | toolrl.
+    """tau2-bench: ``domain`` airline | retail | mock, ``mode`` simulator | ticket, ``reward`` auto | tau2 |
+    strict | toolrl (see :data:`REWARDS`).
 
     The simulated customer runs on the agent's own engine unless ``simulator_engine`` names another:
     an :class:`~agentboost.engines.base.Engine` object, or ``"sglang"`` / ``"vllm"`` with
@@ -103,7 +108,7 @@ class Tau2Environment(Environment):
         self,
         domain: str = "airline",
         mode: str = "simulator",
-        reward: str = "tau2",
+        reward: str = "auto",
         max_user_turns: int = 20,
         simulator_engine: str | Engine | None = None,
         simulator_url: str | list[str] | None = None,
@@ -138,9 +143,18 @@ class Tau2Environment(Environment):
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         if split not in SPLITS:
             raise ConfigError(f"tau2 split must be one of {', '.join(SPLITS)}, got {split!r}")
-        return [self.task(task_id) for task_id in pick(self.domain.task_ids(split), n, seed)]
+        ids = self.domain.task_ids(split)
+        if self.reward_for(split) == "strict":  # tasks no policy can earn anything on teach nothing
+            ids = [task_id for task_id in ids if informative(self.domain.task(task_id))]
+        return [self.task(task_id, split=split) for task_id in pick(ids, n, seed)]
 
-    def task(self, tau2_id: str) -> Task:
+    def reward_for(self, split: str | None) -> str:
+        """The reward mode of a task drawn from ``split`` (``auto``: strict for train, else tau2)."""
+        if self.reward_kind != "auto":
+            return self.reward_kind
+        return "strict" if split == "train" else "tau2"
+
+    def task(self, tau2_id: str, *, split: str | None = None) -> Task:
         """The agentboost task for one tau2 task id (ids are stable: the same id is the same task)."""
         tau2_task = self.domain.task(tau2_id)
         criteria = tau2_task.evaluation_criteria
@@ -161,7 +175,7 @@ class Tau2Environment(Environment):
             id=f"{self.domain.name}-{tau2_id}",
             prompt=prompt,
             ground_truth=gold,
-            metadata={"domain": self.domain.name, "tau2_id": tau2_id, "mode": self.mode},
+            metadata={"domain": self.domain.name, "tau2_id": tau2_id, "mode": self.mode, "split": split},
         )
 
     def _tau2_task(self, task: Task) -> Any:
@@ -332,8 +346,50 @@ class Tau2Environment(Environment):
         toolrl_value, toolrl_parts = toolrl_reward(predicted, gold, well_formed=well_formed)
         breakdown.update(toolrl_parts)
         breakdown["tool_calls_executed"] = float(len(log.calls))
-        value = tau2_value if self.reward_kind == "tau2" else toolrl_value
-        return Reward(value, breakdown, {**facts, "reward": self.reward_kind})
+        all_actions = breakdown["actions_matched"] == breakdown["actions_total"]
+        breakdown["strict"] = tau2_value if all_actions and informative(tau2_task) else 0.0
+        breakdown["do_nothing_baseline"] = do_nothing_reward(self.domain, tau2_task)
+        kind = self.reward_for(episode.task.metadata.get("split"))
+        value = {"tau2": tau2_value, "strict": breakdown["strict"], "toolrl": toolrl_value}[kind]
+        return Reward(value, breakdown, {**facts, "reward": kind})
+
+
+def informative(tau2_task: Any) -> bool:
+    """The task's gold does something a do-nothing policy does not: an action other than a transfer.
+
+    On the others (gold: no action, or only a transfer to a human) doing nothing, or transferring at
+    once, IS the gold behaviour as far as any rule-based check can tell (their intent lives in
+    natural-language assertions tau2 leaves to an LLM judge): they carry no training signal.
+    """
+    criteria = tau2_task.evaluation_criteria
+    return any(
+        action.requestor == "assistant" and action.name != TRANSFER_TOOL
+        for action in (criteria.actions or [] if criteria else [])
+    )
+
+
+_DO_NOTHING: dict[tuple[str, str], float] = {}
+
+
+def do_nothing_reward(domain: Domain, tau2_task: Any) -> float:
+    """tau2's own reward for a do-nothing conversation on this task (one polite line, then the
+    customer leaves): 1.0 where the gold leaves the database unchanged and asks for no statement.
+    Recorded beside every tau2 reward so reports can print the baseline a policy must beat."""
+    key = (domain.name, tau2_task.id)
+    if key not in _DO_NOTHING:
+        from agentboost.envs.tau2.package import tau2_module
+
+        types = tau2_module("tau2.data_model.message")
+        history = list(tau2_task.initial_state.message_history or []) if tau2_task.initial_state else []
+        conversation = [
+            *history,
+            types.AssistantMessage(role="assistant", content=AGENT_GREETING),
+            types.UserMessage(role="user", content="Hi, I need some help."),
+            types.AssistantMessage(role="assistant", content="I am sorry, I am unable to help with that."),
+            types.UserMessage(role="user", content="###STOP###"),
+        ]
+        _DO_NOTHING[key] = tau2_evaluation(domain, tau2_task, conversation)[0]
+    return _DO_NOTHING[key]
 
 
 def episode_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
