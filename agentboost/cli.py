@@ -172,12 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--index", type=count(0), default=0, help="which result (0: the first)")
     show.set_defaults(func=_cmd_show)
 
-    from agentboost.engines.serve_command import register_serve_command
+    from agentboost.engines.serve_command import register_serve_command, register_serve_vllm_command
     from agentboost.eval.cli import register_commands as register_eval_commands
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
     from agentboost.train.cli import register_sft_command, register_train_command
 
     register_serve_command(commands)
+    register_serve_vllm_command(commands)
     register_train_command(commands)
     register_sft_command(commands)
     register_verl_commands(commands)
