@@ -9,7 +9,7 @@ import json
 import sys
 from typing import NoReturn
 
-from agentboost.cli_args import add_run_arguments, count, run_identity
+from agentboost.cli_args import add_run_arguments, count, engine_options, run_identity
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
 
@@ -23,9 +23,16 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 async def _rollouts(args: argparse.Namespace) -> int:
     # the servers first: a wrong --url fails in about a second, before the agent stack is imported
+    from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import check_engine_args
 
-    await check_engine_args(args.engine, model=args.model, urls=args.url)
+    args.server_facts = await check_engine_args(
+        args.engine,
+        model=args.model,
+        urls=args.url,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+        options=engine_options(args),
+    )
     from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import make_environment, parse_json_object
@@ -83,7 +90,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
             tokenizer = load_tokenizer(args.model)
             template_for(tokenizer, args.template)  # an unknown --template fails before any rollout
-            engine = make_engine(args.engine, model=args.model, urls=args.url or ())
+            engine = make_engine(args.engine, model=args.model, urls=args.url or (), **engine_options(args))
             try:
                 execute = in_process(
                     environment, engine, tokenizer, sampling=sampling, limits=limits, template=args.template

@@ -10,6 +10,7 @@ the wire format (:mod:`agentboost.engines.wire`) is each subclass's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Hashable, Sequence
@@ -58,7 +59,12 @@ class RemoteEngine:
         context_length: int | None = None,
         max_connections_per_server: int = 1024,
         check_logprobs: bool = True,
+        down_budget_s: float | None = None,
     ) -> None:
+        """``down_budget_s`` overrides ``retry``'s (how long every server may stay unreachable);
+        ``check_logprobs``: probe each server's logprobs before the first generation."""
+        if down_budget_s is not None:
+            retry = dataclasses.replace(retry or RetryPolicy(), down_budget_s=down_budget_s)
         self._client = HttpClient(
             urls,
             server_kind=self.server_kind,
