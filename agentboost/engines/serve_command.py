@@ -169,7 +169,7 @@ def register_serve_vllm_command(subparsers: Any) -> argparse.ArgumentParser:
 def run_serve_vllm(args: argparse.Namespace) -> int:
     """The ``serve-vllm`` command: start vLLM, print its URL, wait for Ctrl-C or SIGTERM, stop it."""
     import signal
-    import threading
+    import time
 
     from agentboost.engines.models import DEFAULT_MODEL, resolve_model
     from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
@@ -197,16 +197,19 @@ def run_serve_vllm(args: argparse.Namespace) -> int:
     except AgentBoostError as error:
         print(f"agentboost serve-vllm: {error}", file=sys.stderr)
         return 2
-    stopping = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl-C does, during start-up too
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         print(f"agentboost serve-vllm: starting {server.describe()}", file=sys.stderr)
         print(server.start(), flush=True)
         print(f"agentboost serve-vllm: ready; log {server.log_path}; Ctrl-C stops it", file=sys.stderr)
-        while not stopping.wait(1.0):
-            if server.process is None or server.process.poll() is not None:
-                print(f"agentboost serve-vllm: the server exited: {server.log_tail()}", file=sys.stderr)
-                return 1
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(1.0)
+        print(f"agentboost serve-vllm: the server exited: {server.log_tail()}", file=sys.stderr)
+        return 1
     except AgentBoostError as error:
         print(f"agentboost serve-vllm: {error}", file=sys.stderr)
         return 2

@@ -278,8 +278,8 @@ class VLLMServer:
         self.stop()
 
     def describe(self) -> str:
-        """The command line, for logs."""
-        return shlex.join(self.config.command(self.port or 0))
+        """The command line, for logs (port 0: chosen at start)."""
+        return shlex.join(self.config.command(self.port or self.config.port))
 
 
 def _healthy(url: str) -> bool:

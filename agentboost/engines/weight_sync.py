@@ -37,31 +37,34 @@ class StaleRolloutError(AgentBoostError):
 
 
 def hf_state_dict(model: Any) -> dict[str, Any]:
-    """The policy's full weights under Hugging Face names, as contiguous CPU tensors.
+    """The policy's full weights under Hugging Face names, as CPU tensors the caller may keep.
 
-    A PEFT (LoRA) model is merged into a copy of its base weights; tied output embeddings are left out
-    (vLLM ties them itself, as the checkpoint's config says).
+    A PEFT (LoRA) policy is merged on the fly (base weight + each active adapter's delta), without
+    touching the policy's own tensors; tied output embeddings are left out (vLLM ties them itself, as
+    the checkpoint's config says).
     """
-    merged = model
-    if hasattr(model, "merge_adapter") and hasattr(model, "get_base_model"):
-        model.merge_adapter()
-        try:
-            merged = model.get_base_model()
-            state = _clean(merged.state_dict(), merged)
-        finally:
-            model.unmerge_adapter()
-        return state
-    return _clean(merged.state_dict(), merged)
+    import torch
 
-
-def _clean(state: dict[str, Any], model: Any) -> dict[str, Any]:
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    out = {}
-    for name, tensor in state.items():
-        if "lora_" in name or (tied and name == "lm_head.weight"):
-            continue
-        out[name.replace(".base_layer.", ".")] = tensor.detach().to("cpu").contiguous().clone()
-    return out
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    deltas: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not (hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")):
+                continue
+            adapters = [a for a in module.active_adapters if a in module.lora_A]
+            if adapters:
+                deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+        tied = bool(getattr(getattr(base, "config", None), "tie_word_embeddings", False))
+        state = {}
+        for name, tensor in base.state_dict().items():
+            if "lora_" in name or (tied and name == "lm_head.weight"):
+                continue
+            name = name.replace(".base_layer.", ".")
+            value = tensor.detach()
+            if name in deltas:
+                value = value + deltas[name].to(value.dtype)
+            state[name] = value.to("cpu").contiguous().clone()
+    return state
 
 
 class WeightSync:
@@ -134,3 +137,53 @@ class WeightSync:
         except (urllib.error.URLError, OSError) as error:
             raise WeightSyncError(f"vLLM server {url} did not take POST {path}: {error}", url=url) from error
         return json.loads(text) if text.strip() else None
+
+
+class SyncedVLLMEngine:
+    """The trainer's rollout engine when rollouts come from vLLM servers: the trainer's hook.
+
+    It serves the trainer as :class:`~agentboost.engines.local.LocalEngine` does (``generate``,
+    ``weights_updated``, ``prefix_cache_stats``, ``close``). ``weights_updated`` only marks the weights
+    changed; the first generation after it pushes them (once, however many optimizer steps came
+    before), so every rollout of a step comes from the weights the step starts with. Each generation
+    carries ``metrics["weight_version"]``; one that straddled a push is refused (:class:`StaleRolloutError`).
+    """
+
+    def __init__(self, urls: str | Sequence[str], model: Any, directory: str | Path) -> None:
+        from agentboost.engines.vllm import VLLMEngine
+
+        self.model = model
+        self.sync = WeightSync(urls, directory)
+        self.engine = VLLMEngine(self.sync.urls)
+        self._dirty = True  # the servers may hold other weights than the trainer's start: push first
+        self._lock: Any = None
+
+    @property
+    def context_length(self) -> int | None:
+        return self.engine.context_length
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Any) -> Any:
+        import asyncio
+
+        if self._lock is None or getattr(self._lock, "_loop", None) not in (None, asyncio.get_running_loop()):
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._dirty:
+                await asyncio.to_thread(self.sync.push, self.model)
+                self._dirty = False
+        version = self.sync.version
+        generation = await self.engine.generate(prompt_ids, sampling)
+        self.sync.check_fresh(version)
+        generation.metrics["weight_version"] = float(version)
+        return generation
+
+    def weights_updated(self) -> None:
+        self._dirty = True
+
+    def prefix_cache_stats(self) -> Any:
+        from agentboost.engines.prefix_cache import PrefixCacheStats
+
+        return PrefixCacheStats()  # vLLM keeps its own prefix cache; it reports no counters here
+
+    def close(self) -> None:
+        """Nothing to release: each event loop's connections are dropped with it."""

@@ -88,6 +88,10 @@ class RolloutConfig:
     """Rollouts in flight at once (the engine batches their decode steps)."""
     retries: int = 2
     """Extra attempts for a rollout that ended with an engine error."""
+    vllm_url: str | None = None
+    """vLLM server URL(s), comma-separated: rollouts come from them instead of the embedded engine, and
+    the new weights are pushed to them before each step's rollouts (start them with
+    ``agentboost serve-vllm --weight-sync``; see docs/vllm.md)."""
 
 
 @dataclass
