@@ -210,6 +210,7 @@ class VLLMServer:
             stdin=subprocess.DEVNULL,
             env=config.environment(),
             start_new_session=True,
+            preexec_fn=_end_with_parent,
         )
         try:
             self._wait_ready()
@@ -280,6 +281,15 @@ class VLLMServer:
     def describe(self) -> str:
         """The command line, for logs (port 0: chosen at start)."""
         return shlex.join(self.config.command(self.port or self.config.port))
+
+
+def _end_with_parent() -> None:
+    """In the child: get SIGTERM when the launching process dies, so a killed launcher leaves no server."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _healthy(url: str) -> bool:
