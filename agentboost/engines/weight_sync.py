@@ -156,7 +156,7 @@ class SyncedVLLMEngine:
         self.sync = WeightSync(urls, directory)
         self.engine = VLLMEngine(self.sync.urls)
         self._dirty = True  # the servers may hold other weights than the trainer's start: push first
-        self._lock: Any = None
+        self._locks: dict[Any, Any] = {}
 
     @property
     def context_length(self) -> int | None:
@@ -165,9 +165,10 @@ class SyncedVLLMEngine:
     async def generate(self, prompt_ids: Sequence[int], sampling: Any) -> Any:
         import asyncio
 
-        if self._lock is None or getattr(self._lock, "_loop", None) not in (None, asyncio.get_running_loop()):
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        loop = asyncio.get_running_loop()
+        if loop not in self._locks:  # the trainer runs one event loop per collection
+            self._locks = {loop: asyncio.Lock()}
+        async with self._locks[loop]:
             if self._dirty:
                 await asyncio.to_thread(self.sync.push, self.model)
                 self._dirty = False
