@@ -10,7 +10,7 @@ import os
 import sys
 from typing import NoReturn
 
-from agentboost.cli_args import add_run_arguments, count, run_identity
+from agentboost.cli_args import add_run_arguments, count, engine_options, run_identity
 from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import AgentBoostError, ConfigError
 
@@ -24,9 +24,16 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 async def _rollouts(args: argparse.Namespace) -> int:
     # the servers first: a wrong --url fails in about a second, before the agent stack is imported
+    from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import check_engine_args
 
-    await check_engine_args(args.engine, model=args.model, urls=args.url)
+    args.server_facts = await check_engine_args(
+        args.engine,
+        model=args.model,
+        urls=args.url,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+        options=engine_options(args),
+    )
     from agentboost.cli_args import limits_from_args
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
@@ -85,7 +92,13 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
             tokenizer = load_tokenizer(args.model)
             template_for(tokenizer, args.template)  # an unknown --template fails before any rollout
-            engine = make_engine(args.engine, model=args.model, urls=args.url or (), retries=args.retries)
+            engine = make_engine(
+                args.engine,
+                model=args.model,
+                urls=args.url or (),
+                retries=args.retries,
+                **engine_options(args),
+            )
             try:
                 execute = in_process(
                     environment, engine, tokenizer, sampling=sampling, limits=limits, template=args.template
@@ -174,12 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--index", type=count(0), default=0, help="which result (0: the first)")
     show.set_defaults(func=_cmd_show)
 
-    from agentboost.engines.serve_command import register_serve_command
+    from agentboost.engines.serve_command import register_serve_command, register_serve_vllm_command
     from agentboost.eval.cli import register_commands as register_eval_commands
     from agentboost.integrations.verl.cli import register_commands as register_verl_commands
     from agentboost.train.cli import register_sft_command, register_train_command
 
     register_serve_command(commands)
+    register_serve_vllm_command(commands)
     register_train_command(commands)
     register_sft_command(commands)
     register_verl_commands(commands)

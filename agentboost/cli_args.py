@@ -130,7 +130,17 @@ def run_identity(
         "engine": args.engine,
         "workers": args.workers,
         "concurrency": args.concurrency,
+        **server_facts(args),
     }
+
+
+def server_facts(args: argparse.Namespace) -> dict[str, Any]:
+    """The identity's ``server`` entry: what the remote servers said they are (version, model, dtype,
+    logprobs), as ``check_engine_args`` found them; nothing for the local engine."""
+    facts = getattr(args, "server_facts", None)
+    if not facts:
+        return {}
+    return {"server": facts[0] if len(facts) == 1 else facts}
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | None) -> None:
@@ -194,3 +204,31 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, n: int | N
     parser.add_argument(
         "--timeout", type=number(minimum=0, inclusive=False), default=None, help="seconds per rollout"
     )
+    add_server_arguments(parser)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """How long a remote engine waits for its servers (``--engine sglang`` / ``vllm``)."""
+    remote = parser.add_argument_group("remote servers (--engine sglang / vllm)")
+    positive = number(minimum=0, inclusive=False)
+    remote.add_argument(
+        "--read-timeout", type=positive, default=600.0, help="seconds a request may wait for its answer (600)"
+    )
+    remote.add_argument("--connect-timeout", type=positive, default=10.0, help="seconds to connect (10)")
+    remote.add_argument(
+        "--server-down-timeout",
+        type=number(minimum=0),
+        default=120.0,
+        help="seconds every server may refuse connections (a restart) before the run gives up (120)",
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, float]:
+    """The remote engine's options from :func:`add_server_arguments`' flags ({} for the local engine)."""
+    if args.engine == "local":
+        return {}
+    return {
+        "read_timeout_s": args.read_timeout,
+        "connect_timeout_s": args.connect_timeout,
+        "down_budget_s": args.server_down_timeout,
+    }

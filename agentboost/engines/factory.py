@@ -103,13 +103,37 @@ async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.
                 )
 
 
-async def check_engine_args(kind: str, *, model: str, urls: Sequence[str] | None) -> None:
+async def check_engine_args(
+    kind: str,
+    *,
+    model: str,
+    urls: Sequence[str] | None,
+    sampling: Any = None,
+    options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """What ``rollout`` and ``eval`` check before anything heavy is imported: ``--engine`` and ``--url``
-    agree, and every remote server answers (:func:`check_servers`)."""
+    agree, every remote server answers (:func:`check_servers`), and its logprobs are those of the
+    sampling distribution for ``sampling`` (:mod:`agentboost.engines.probe`).
+
+    Returns the servers' facts (what produced the rollouts: version, model, dtype, logprobs; one entry
+    per distinct set), [] for the local engine.
+    """
     from agentboost.errors import ConfigError
 
-    if kind != "local":
-        make_engine(kind, model=model, urls=urls or ())  # validates --engine / --url
-        await check_servers(kind, urls or ())
-    elif urls:
-        raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
+    if kind == "local":
+        if urls:
+            raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
+        return []
+    engine = make_engine(kind, model=model, urls=urls or (), **(options or {}))  # validates --engine / --url
+    await check_servers(kind, urls or ())
+    try:
+        await engine.fetch_model_info()  # type: ignore[attr-defined]
+        if sampling is not None:
+            engine.check_sampling(sampling)  # type: ignore[attr-defined]
+        facts: list[dict[str, Any]] = []
+        for found in engine.server_facts.values():  # type: ignore[attr-defined]
+            if found not in facts:
+                facts.append(found)
+        return facts
+    finally:
+        await engine.aclose()

@@ -10,14 +10,25 @@ the wire format (:mod:`agentboost.engines.wire`) is each subclass's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.probe import AGENTBOOST_SERVE, LogprobsFacts, probe_logprobs
 from agentboost.engines.transport import HttpClient, RetryPolicy
-from agentboost.errors import ConfigError, ContextLengthError, EngineError, EngineRequestError
+from agentboost.errors import (
+    ConfigError,
+    ContextLengthError,
+    EngineConnectionError,
+    EngineError,
+    EngineRequestError,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class RemoteEngine:
@@ -35,6 +46,8 @@ class RemoteEngine:
     generate_path: ClassVar[str] = "/generate"
     context_slack: ClassVar[int] = 0
     """Tokens the server keeps free: it needs ``prompt + max_new_tokens <= server context - slack``."""
+    logprobs_fix: ClassVar[str] = ""
+    """How to fix a server whose logprobs fail :mod:`agentboost.engines.probe` (the end of the error)."""
 
     def __init__(
         self,
@@ -45,7 +58,13 @@ class RemoteEngine:
         retry: RetryPolicy | None = None,
         context_length: int | None = None,
         max_connections_per_server: int = 1024,
+        check_logprobs: bool = True,
+        down_budget_s: float | None = None,
     ) -> None:
+        """``down_budget_s`` overrides ``retry``'s (how long every server may stay unreachable);
+        ``check_logprobs``: probe each server's logprobs before the first generation."""
+        if down_budget_s is not None:
+            retry = dataclasses.replace(retry or RetryPolicy(), down_budget_s=down_budget_s)
         self._client = HttpClient(
             urls,
             server_kind=self.server_kind,
@@ -58,7 +77,12 @@ class RemoteEngine:
             raise ConfigError(f"context_length must be > {self.context_slack}, got {context_length}")
         self._server_context = context_length
         self._context_override = context_length
-        self._info_known = context_length is not None
+        self._check_logprobs = check_logprobs
+        self._info_known = context_length is not None and not check_logprobs
+        self.server_facts: dict[str, dict[str, Any]] = {}
+        """Per server URL: what produced the rollouts (version, model, dtype, logprobs); filled by
+        :meth:`fetch_model_info`, recorded in a run's identity."""
+        self._logprobs: dict[str, LogprobsFacts] = {}
         self._info_tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
 
     # -- Engine protocol -------------------------------------------------------------------
@@ -138,11 +162,43 @@ class RemoteEngine:
         length = await self._fetch_context_length()
         if self._context_override is None:
             self._server_context = length
+        if self._check_logprobs:
+            for url in self.urls:
+                try:
+                    facts = await self._fetch_facts(url)
+                except EngineConnectionError:
+                    # a run's command checks every server first; here a dead one just goes unprobed
+                    logger.warning(
+                        "%s server %s is unreachable; its logprobs are not probed", self.server_kind, url
+                    )
+                    continue
+                if facts.get("server") != AGENTBOOST_SERVE:  # agentboost's own server keeps the convention
+                    logprobs = await probe_logprobs(
+                        lambda temperature, top_k, url=url: self._top_logprobs(url, temperature, top_k),
+                        server=f"{self.server_kind} server {url}",
+                        fix=self.logprobs_fix,
+                    )
+                    self._logprobs[url] = logprobs
+                    facts["logprobs"] = logprobs.describe()
+                self.server_facts[url] = facts
         self._info_known = True
         self._info_tasks.clear()
 
     async def _fetch_context_length(self) -> int | None:
         raise NotImplementedError
+
+    async def _fetch_facts(self, url: str) -> dict[str, Any]:
+        """What the server at ``url`` says about itself (kind, version, model, dtype where exposed)."""
+        raise NotImplementedError
+
+    async def _top_logprobs(self, url: str, temperature: float, top_k: int) -> dict[int, float]:
+        """The top logprobs of the probe prompt's next token (:mod:`agentboost.engines.probe`)."""
+        raise NotImplementedError
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Refuse sampling settings whose logprobs a probed server would report off the convention."""
+        for url, facts in self._logprobs.items():
+            facts.check(sampling, server=f"{self.server_kind} server {url}")
 
     # -- generation --------------------------------------------------------------------------
 
@@ -170,6 +226,7 @@ class RemoteEngine:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineRequestError(f"cannot send an empty prompt to the {self.server_kind} server")
+        self.check_sampling(sampling)
         max_new_tokens = self._room(len(prompt), sampling.max_new_tokens)
         body = self.build_request(prompt, sampling, max_new_tokens)
         build_s = time.perf_counter() - clock

@@ -20,6 +20,8 @@ class Server:
     in_flight: int = 0
     bound_sessions: int = 0
     unreachable_until: float = 0.0
+    listening_checked: float = float("-inf")
+    """When the liveness check last found the server's listener (monotonic clock)."""
 
 
 @dataclass
@@ -43,6 +45,8 @@ class ServerPool:
         self.servers = [Server(url=url, index=index) for index, url in enumerate(urls)]
         self._bindings: dict[Hashable, _Binding] = {}
         self._turn = 0
+        self.all_down_since: float | None = None
+        """When every server became unreachable (monotonic clock); None while one answers."""
 
     def hold(self, key: Hashable) -> None:
         """Start (or join) the binding of ``key``; its server is chosen at its first request."""
@@ -73,12 +77,10 @@ class ServerPool:
         turn = self._turn
         self._turn += 1
         chosen = min(candidates, key=lambda s: (s.in_flight, s.bound_sessions, (s.index - turn) % count))
-        if binding is not None:
+        if binding is not None and chosen is not bound:
             if bound is not None:
                 bound.bound_sessions -= 1
-                logger.warning(
-                    "rollout %s moves from %s to %s: server unreachable", key, bound.url, chosen.url
-                )
+                logger.info("rollout %s moves from %s to %s: server unreachable", key, bound.url, chosen.url)
             binding.server = chosen
             chosen.bound_sessions += 1
         return chosen
@@ -89,7 +91,19 @@ class ServerPool:
         return binding.server.url if binding is not None and binding.server is not None else None
 
     def mark_unreachable(self, server: Server) -> None:
-        server.unreachable_until = time.monotonic() + _UNREACHABLE_COOLDOWN_S
+        now = time.monotonic()
+        server.unreachable_until = now + _UNREACHABLE_COOLDOWN_S
+        if self.all_down_since is None and all(s.unreachable_until > now for s in self.servers):
+            self.all_down_since = now
+
+    def mark_reachable(self, server: Server) -> None:
+        """``server`` answered: the outage, if any, is over."""
+        server.unreachable_until = 0.0
+        self.all_down_since = None
+
+    def down_for(self) -> float:
+        """Seconds every server has been unreachable (0 while one answers)."""
+        return 0.0 if self.all_down_since is None else time.monotonic() - self.all_down_since
 
     def in_flight(self) -> dict[str, int]:
         return {s.url: s.in_flight for s in self.servers}

@@ -19,6 +19,7 @@ import logging
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
 from agentboost.engines.remote import RemoteEngine
 from agentboost.engines.wire import sglang as wire
 from agentboost.errors import EngineRequestError
@@ -35,6 +36,10 @@ class SGLangEngine(RemoteEngine):
     """
 
     server_kind: ClassVar[str] = "SGLang"
+    logprobs_fix: ClassVar[str] = (
+        "; serve the sampling distribution's logprobs (SGLang's default: drop any option that returns "
+        "the original, untempered logprobs), or sample at temperature 1"
+    )
     generate_path: ClassVar[str] = wire.GENERATE_PATH
     context_slack: ClassVar[int] = wire.CONTEXT_SLACK
 
@@ -60,3 +65,26 @@ class SGLangEngine(RemoteEngine):
             "SGLang servers %s report no context length; max_new_tokens is not clamped", ", ".join(self.urls)
         )
         return None
+
+    async def _fetch_facts(self, url: str) -> dict[str, Any]:
+        for path in wire.MODEL_INFO_PATHS[:2]:
+            try:
+                info = await self._client.request("GET", path, parse=wire.served_by, url=url)
+            except EngineRequestError:
+                continue
+            if info.value == AGENTBOOST_SERVE:
+                return {"server": AGENTBOOST_SERVE}
+            break
+        for path in wire.SERVER_INFO_PATHS:
+            try:
+                return (await self._client.request("GET", path, parse=wire.server_facts_in, url=url)).value
+            except EngineRequestError:
+                continue
+        return {"server": "SGLang", "version": None, "model": None, "dtype": None}
+
+    async def _top_logprobs(self, url: str, temperature: float, top_k: int) -> dict[int, float]:
+        body = wire.top_logprobs_request(list(PROBE_PROMPT), temperature, top_k, PROBE_TOP)
+        result = await self._client.request(
+            "POST", wire.GENERATE_PATH, body=dict(body), parse=wire.top_logprobs_in, url=url
+        )
+        return result.value

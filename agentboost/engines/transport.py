@@ -20,6 +20,7 @@ Which server a request goes to is :mod:`agentboost.engines.routing`'s decision; 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import random
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -72,6 +74,11 @@ class RetryPolicy:
     scheduling slack)."""
     jitter: float = 0.5
     """Fraction of each wait that is random, so that clients do not retry in lockstep."""
+    down_budget_s: float = 120.0
+    """How long every server may stay unreachable before requests give up at once. The outage clock is
+    shared by all requests of a client: a server restarted within it is ridden out (connection
+    failures do not count against ``max_attempts``), and once it has run out each request fails
+    after a single refused connection, so a run whose servers are gone ends promptly."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -82,6 +89,8 @@ class RetryPolicy:
             raise ConfigError(f"RetryPolicy.total_budget_s must be > 0, got {self.total_budget_s}")
         if not 0 <= self.jitter <= 1:
             raise ConfigError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter}")
+        if self.down_budget_s < 0:
+            raise ConfigError(f"RetryPolicy.down_budget_s must be >= 0, got {self.down_budget_s}")
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """The wait after failed attempt number ``attempt`` (1-based)."""
@@ -177,9 +186,10 @@ class HttpClient:
         read_timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
         max_connections_per_server: int = 1024,
+        liveness_interval_s: float = 5.0,
     ) -> None:
-        if connect_timeout_s <= 0 or read_timeout_s <= 0:
-            raise ConfigError("connect_timeout_s and read_timeout_s must be > 0")
+        if connect_timeout_s <= 0 or read_timeout_s <= 0 or liveness_interval_s <= 0:
+            raise ConfigError("connect_timeout_s, read_timeout_s and liveness_interval_s must be > 0")
         if max_connections_per_server < 1:
             raise ConfigError("max_connections_per_server must be >= 1")
         self.pool = ServerPool(normalize_urls(urls))
@@ -188,6 +198,9 @@ class HttpClient:
         self.read_timeout_s = read_timeout_s
         self.retry = retry or RetryPolicy()
         self.max_connections_per_server = max_connections_per_server
+        self.liveness_interval_s = liveness_interval_s
+        """A request unanswered this long checks that its server still listens; if it does not (a
+        server shutting down keeps open connections but never answers them), it is retried."""
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._rng = random.Random()
 
@@ -241,6 +254,7 @@ class HttpClient:
             outcome = await self._attempt(session, server, method, path, data, remaining)
             if isinstance(outcome, _Reply):
                 status = outcome.status
+                self.pool.mark_reachable(server)
                 if 200 <= status < 300:
                     clock = time.perf_counter()
                     try:
@@ -264,15 +278,22 @@ class HttpClient:
                 if failure.kind == "connect":
                     avoid.add(server.index)
                     self.pool.mark_unreachable(server)
+                    if self.pool.down_for() >= policy.down_budget_s:
+                        raise self._exhausted(failure, server.url, attempts, started, "down_budget_s")
+                    if len(avoid) == len(self.pool.servers):
+                        avoid.clear()  # every server refused: wait for one to come back
                 if failure.budget_cut and previous is not None:
                     # the budget ran out mid-attempt: the failures before it say more than the cut
                     raise self._exhausted(previous, server.url, attempts, started, "total_budget_s")
             previous = failure
-            if attempts >= policy.max_attempts:
+            outage = self.pool.all_down_since is not None and failure.kind == "connect"
+            if attempts >= policy.max_attempts and not outage:
                 raise self._exhausted(failure, server.url, attempts, started, "max_attempts")
             delay = policy.backoff_s(attempts, self._rng)
             if failure.retry_after_s is not None:
                 delay = max(delay, min(failure.retry_after_s, policy.max_backoff_s))
+            if outage:  # wake up no later than the outage budget, to fail with it
+                delay = max(0.0, min(delay, policy.down_budget_s - self.pool.down_for()))
             if time.monotonic() + delay + _MIN_ATTEMPT_S >= deadline:
                 raise self._exhausted(failure, server.url, attempts, started, "total_budget_s")
             logger.info(
@@ -303,6 +324,56 @@ class HttpClient:
             sock_read=min(self.read_timeout_s, remaining_s),
         )
         server.in_flight += 1
+        exchange = asyncio.ensure_future(
+            self._exchange(session, server, method, path, data, timeout, remaining_s)
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({exchange}, timeout=self.liveness_interval_s)
+                if done:
+                    return exchange.result()
+                if not await self._listening(server):
+                    self.pool.mark_unreachable(server)
+                    return _Failure(
+                        "dropped",
+                        "the server stopped accepting connections while this request was in flight "
+                        "(shutting down?)",
+                    )
+        finally:
+            exchange.cancel()
+            server.in_flight -= 1
+
+    async def _listening(self, server: Server) -> bool:
+        """Whether ``server`` still accepts connections (checked at most once per liveness interval)."""
+        now = time.monotonic()
+        if now - server.listening_checked < self.liveness_interval_s:
+            return True
+        parts = urlsplit(server.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname, port), self.connect_timeout_s
+            )
+        except OSError as error:
+            # refused: nothing listens; anything else (a routing hiccup) is left to the read timeout
+            return not (isinstance(error, ConnectionRefusedError) or error.errno == errno.ECONNREFUSED)
+        except asyncio.TimeoutError:
+            return True
+        writer.close()
+        server.listening_checked = time.monotonic()
+        return True
+
+    async def _exchange(
+        self,
+        session: aiohttp.ClientSession,
+        server: Server,
+        method: str,
+        path: str,
+        data: bytes | None,
+        timeout: aiohttp.ClientTimeout,
+        remaining_s: float,
+    ) -> _Reply | _Failure:
+        """The HTTP exchange itself; retryable transport failures come back as a :class:`_Failure`."""
         try:
             async with session.request(
                 method, server.url + path, data=data, headers=_JSON_HEADERS if data else None, timeout=timeout
@@ -322,8 +393,6 @@ class HttpClient:
             return _Failure("truncated", f"{type(error).__name__}: {error}".rstrip(": "))
         except aiohttp.ClientConnectionError as error:
             return _Failure("dropped", f"{type(error).__name__}: {error}".rstrip(": "))
-        finally:
-            server.in_flight -= 1
 
     def _decode(self, body: bytes, parse: Callable[[Any], T], server: Server, attempts: int) -> T | _Failure:
         try:
@@ -377,6 +446,17 @@ class HttpClient:
         )
         kind = self.server_kind
         error_class: type[RemoteEngineError]
+        if limit == "down_budget_s":
+            count = len(self.pool.servers)
+            who = f"every one of the {count} {kind} servers" if count > 1 else f"{kind} server {url}"
+            return EngineConnectionError(
+                f"{who} has refused connections for {self.pool.down_for():.0f} s ({failure.detail}); "
+                f"giving up (the server-down budget is {policy.down_budget_s:g} s). Restart the server and "
+                "resume the run.",
+                url=url,
+                status=None,
+                attempts=attempts,
+            )
         if failure.kind == "connect":
             error_class = EngineConnectionError
             text = (

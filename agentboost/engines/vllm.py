@@ -8,10 +8,12 @@ Context length: ``max_model_len`` from ``/v1/models``, read once; vLLM accepts a
 :class:`~agentboost.errors.ContextLengthError` is raised without a request when nothing is.
 
 Log-probabilities: vLLM's default ``--logprobs-mode raw_logprobs`` reports the untempered model
-distribution. That is the convention of :mod:`agentboost.engines.base` for greedy decoding and for
-temperature 1. To sample at another temperature, start vLLM with
-``--logprobs-mode processed_logprobs`` (temperature-scaled; note that it also applies top-k/top-p,
-which the convention does not), or recompute log-probabilities in the trainer.
+distribution, not the convention of :mod:`agentboost.engines.base`; ``processed_logprobs`` reports
+the sampling distribution, after top-k/top-p. Before its first generation the engine probes each
+server (:mod:`agentboost.engines.probe`) and refuses one whose logprobs are not the sampling
+distribution's, and refuses top-k/top-p on one that reports them after truncation.
+:mod:`agentboost.engines.vllm_server` starts vLLM with the right flags. The facts found (version,
+model, dtype, logprobs) are in :attr:`VLLMEngine.server_facts`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
 from agentboost.engines.remote import RemoteEngine
 from agentboost.engines.wire import vllm as wire
 from agentboost.errors import EngineRequestError
@@ -36,6 +39,9 @@ class VLLMEngine(RemoteEngine):
     """
 
     server_kind: ClassVar[str] = "vLLM"
+    logprobs_fix: ClassVar[str] = (
+        "; restart it with --logprobs-mode processed_logprobs (`agentboost serve-vllm` sets it)"
+    )
     generate_path: ClassVar[str] = wire.COMPLETIONS_PATH
     context_slack: ClassVar[int] = wire.CONTEXT_SLACK
 
@@ -44,9 +50,8 @@ class VLLMEngine(RemoteEngine):
         :class:`~agentboost.engines.remote.RemoteEngine` (timeouts, retry policy, context length)."""
         super().__init__(urls, **options)
         self.model = model
-        context_length = options.get("context_length")
         # the model name is a model fact too: learn it with the context length unless both are given
-        self._info_known = context_length is not None and model is not None
+        self._info_known = self._info_known and model is not None
 
     def build_request(
         self, prompt_ids: list[int], sampling: SamplingParams, max_new_tokens: int
@@ -87,3 +92,28 @@ class VLLMEngine(RemoteEngine):
             )
         length = card.get("max_model_len")
         return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+    async def _fetch_facts(self, url: str) -> dict[str, Any]:
+        cards = (await self._client.request("GET", wire.MODELS_PATH, parse=wire.model_cards, url=url)).value
+        card = next((c for c in cards if c["id"] == self.model), cards[0] if cards else {})
+        if card.get("owned_by") == "agentboost":
+            return {"server": AGENTBOOST_SERVE, "model": card.get("id")}
+        facts: dict[str, Any] = {"server": "vLLM", "model": card.get("id"), "root": card.get("root")}
+        try:
+            version = await self._client.request("GET", wire.VERSION_PATH, parse=wire.version_in, url=url)
+            facts["version"] = version.value
+        except EngineRequestError:
+            facts["version"] = None
+        try:  # development mode only: the engine configuration, with the dtype
+            info = await self._client.request("GET", wire.SERVER_INFO_PATH, parse=wire.dtype_in, url=url)
+            facts["dtype"] = info.value
+        except EngineRequestError:
+            facts["dtype"] = None
+        return facts
+
+    async def _top_logprobs(self, url: str, temperature: float, top_k: int) -> dict[int, float]:
+        body = wire.top_logprobs_request(list(PROBE_PROMPT), temperature, top_k, PROBE_TOP, model=self.model)
+        result = await self._client.request(
+            "POST", wire.COMPLETIONS_PATH, body=dict(body), parse=wire.top_logprobs_in, url=url
+        )
+        return result.value

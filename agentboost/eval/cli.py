@@ -35,9 +35,17 @@ def _is_report_of(path: Path, results: Path) -> bool:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
+    from agentboost.cli_args import engine_options
+    from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import check_engine_args
 
-    await check_engine_args(args.engine, model=args.model, urls=args.url)
+    args.server_facts = await check_engine_args(
+        args.engine,
+        model=args.model,
+        urls=args.url,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+        options=engine_options(args),
+    )
     from agentboost.cli_args import limits_from_args, run_identity
     from agentboost.engines.base import SamplingParams
     from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
@@ -92,7 +100,9 @@ async def _evaluate(args: argparse.Namespace) -> int:
         from agentboost.engines.factory import load_tokenizer, make_engine
 
         tokenizer = load_tokenizer(args.model)
-        engine = make_engine(args.engine, model=args.model, urls=args.url or (), retries=args.retries)
+        engine = make_engine(
+            args.engine, model=args.model, urls=args.url or (), retries=args.retries, **engine_options(args)
+        )
         try:
             report, summary = await evaluate(environment, engine, tokenizer, tasks, **options)
         finally:

@@ -44,7 +44,11 @@ async def _serve(spec: dict[str, Any], results: Any) -> int:
         environment = make_environment(spec["environment"], spec["environment_kwargs"])
         tokenizer = load_tokenizer(spec["model"])
         engine = make_engine(
-            spec["engine"], model=spec["model"], urls=spec["urls"], retries=spec.get("retries")
+            spec["engine"],
+            model=spec["model"],
+            urls=spec["urls"],
+            retries=spec.get("retries"),
+            **spec.get("engine_options", {}),
         )
         sampling = SamplingParams(**spec["sampling"])
         limits = RolloutLimits(**spec["limits"]) if spec.get("limits") else None

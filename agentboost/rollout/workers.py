@@ -43,6 +43,8 @@ class WorkerSpec:
     limits: dict[str, Any] | None = None
     concurrency: int = 64
     template: str | None = None
+    engine_options: dict[str, float] = dataclasses.field(default_factory=dict)
+    """A remote engine's timeouts (:func:`agentboost.cli_args.engine_options`)."""
 
     @classmethod
     def build(
@@ -79,7 +81,9 @@ class WorkerSpec:
         limits: RolloutLimits,
     ) -> WorkerSpec:
         """The spec for ``agentboost rollout`` / ``eval`` options (``--concurrency`` split over workers)."""
-        return cls.build(
+        from agentboost.cli_args import engine_options
+
+        spec = cls.build(
             args.env,
             model=args.model,
             engine=args.engine,
@@ -90,6 +94,8 @@ class WorkerSpec:
             concurrency=max(1, args.concurrency // args.workers),
             template=getattr(args, "template", None),
         )
+        spec.engine_options = engine_options(args) if hasattr(args, "read_timeout") else {}
+        return spec
 
 
 class WorkerSetupError(AgentBoostError):

@@ -93,6 +93,10 @@ class RolloutConfig:
     max_failed_fraction: float = 0.5
     """The run stops when more than this share of a step's rollouts failed (engine, worker or
     environment errors, rewards that raised); see :func:`agentboost.train.collect.step_results`."""
+    vllm_url: str | None = None
+    """vLLM server URL(s), comma-separated: rollouts come from them instead of the embedded engine, and
+    the new weights are pushed to them before each step's rollouts (start them with
+    ``agentboost serve-vllm --weight-sync``; see docs/vllm.md)."""
 
 
 @dataclass

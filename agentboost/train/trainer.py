@@ -101,9 +101,16 @@ class Trainer:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
-        from agentboost.engines.local import LocalEngine
+        if config.rollout.vllm_url:  # rollouts from vLLM servers; new weights are pushed to them
+            from agentboost.engines.weight_sync import SyncedVLLMEngine
 
-        self.engine = LocalEngine(self.model, max_batch_size=max(1, config.rollout.concurrency))
+            self.engine: Any = SyncedVLLMEngine(
+                config.rollout.vllm_url, self.model, self.run_dir / "vllm-weights"
+            )
+        else:
+            from agentboost.engines.local import LocalEngine
+
+            self.engine = LocalEngine(self.model, max_batch_size=max(1, config.rollout.concurrency))
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
             self.environment.tasks(

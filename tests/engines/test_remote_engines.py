@@ -83,7 +83,7 @@ def test_sglang_request_body_matches_the_documented_format(case):
                 "/model_info": [(200, {"context_length": case["context_length"]})],
             }
         ).start()
-        client = SGLangEngine(stub.url, retry=fast_retry())
+        client = SGLangEngine(stub.url, retry=fast_retry(), check_logprobs=False)
         try:
             await client.generate(case["prompt_ids"], _sampling(case["sampling"]))
         finally:
@@ -119,7 +119,9 @@ def test_vllm_request_body_matches_the_documented_format(case):
         stub = await StubServer(
             {"/v1/completions": [(200, one_token)], "/v1/models": [(200, models)]}
         ).start()
-        client = VLLMEngine(stub.url, retry=fast_retry())  # learns the model name from /v1/models
+        client = VLLMEngine(
+            stub.url, retry=fast_retry(), check_logprobs=False
+        )  # learns the model name from /v1/models
         try:
             await client.generate(case["prompt_ids"], _sampling(case["sampling"]))
         finally:
@@ -143,7 +145,11 @@ def _answer_case(engine_class, path: str, case: dict[str, Any]):
     async def scenario():
         stub = await StubServer({path: [(200, case["response"])]}).start()
         client = engine_class(
-            stub.url, retry=fast_retry(), context_length=100_000, **_model_for(engine_class)
+            stub.url,
+            retry=fast_retry(),
+            context_length=100_000,
+            check_logprobs=False,
+            **_model_for(engine_class),
         )
         try:
             return await client.generate(case["prompt_ids"], sampling)
@@ -188,7 +194,7 @@ def test_sglang_learns_the_context_length_from_v1_models_when_model_info_lacks_i
                 "/v1/models": [(200, SGLANG_ANSWERS["v1_models"])],
             }
         ).start()
-        client = SGLangEngine(stub.url, retry=fast_retry())
+        client = SGLangEngine(stub.url, retry=fast_retry(), check_logprobs=False)
         try:
             await client.fetch_model_info()
             await client.fetch_model_info()  # asked once only
@@ -205,7 +211,7 @@ def test_sglang_learns_the_context_length_from_v1_models_when_model_info_lacks_i
 def test_vllm_learns_the_model_name_and_context_length_from_v1_models():
     async def scenario():
         stub = await StubServer({"/v1/models": [(200, VLLM_ANSWERS["v1_models"])]}).start()
-        client = VLLMEngine(stub.url, retry=fast_retry())
+        client = VLLMEngine(stub.url, retry=fast_retry(), check_logprobs=False)
         try:
             await client.fetch_model_info()
         finally:
@@ -223,7 +229,7 @@ def test_an_sglang_abort_is_retried():
 
     async def scenario():
         stub = await StubServer({"/generate": answers}).start()
-        client = SGLangEngine(stub.url, retry=fast_retry(), context_length=100)
+        client = SGLangEngine(stub.url, retry=fast_retry(), check_logprobs=False, context_length=100)
         sampling = SamplingParams(temperature=0.0, max_new_tokens=3, stop_token_ids=(2,))
         try:
             return await client.generate(case["prompt_ids"], sampling), len(stub.bodies["/generate"])
@@ -245,7 +251,11 @@ def test_a_stop_on_an_id_that_was_not_requested_is_a_format_error_and_not_retrie
     async def scenario():
         stub = await StubServer({path: [(200, case["response"])]}).start()
         client = engine_class(
-            stub.url, retry=fast_retry(), context_length=100_000, **_model_for(engine_class)
+            stub.url,
+            retry=fast_retry(),
+            context_length=100_000,
+            check_logprobs=False,
+            **_model_for(engine_class),
         )
         try:
             with pytest.raises(EngineResponseError) as caught:
@@ -269,7 +279,13 @@ def test_vllm_token_ids_that_disagree_with_the_token_strings_are_a_format_error(
 
     async def scenario():
         stub = await StubServer({"/v1/completions": [(200, response)]}).start()
-        client = VLLMEngine(stub.url, retry=fast_retry(), context_length=100_000, model="Qwen/Qwen3-0.6B")
+        client = VLLMEngine(
+            stub.url,
+            retry=fast_retry(),
+            check_logprobs=False,
+            context_length=100_000,
+            model="Qwen/Qwen3-0.6B",
+        )
         sampling = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=(151645,))
         try:
             with pytest.raises(EngineResponseError, match="differ"):

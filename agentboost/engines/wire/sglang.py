@@ -46,6 +46,8 @@ from agentboost.engines.wire.common import (
 from agentboost.errors import RequestFormatError, ResponseFormatError
 
 GENERATE_PATH = "/generate"
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+"""Where SGLang reports its server arguments and version (newer, older)."""
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info", "/v1/models")
 """Where a server reports its context length, in the order to ask (the last one is vLLM-style)."""
 CONTEXT_SLACK = 1
@@ -70,6 +72,7 @@ class GenerateRequest(TypedDict, total=False):
     sampling_params: SGLangSamplingParams
     return_logprob: bool
     logprob_start_len: int
+    top_logprobs_num: int
 
 
 class FinishReasonInfo(TypedDict, total=False):
@@ -181,6 +184,53 @@ def context_length_in(payload: Any) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
+
+
+def top_logprobs_request(prompt: list[int], temperature: float, top_k: int, count: int) -> GenerateRequest:
+    """A one-token request for the ``count`` most likely next tokens' logprobs (the logprobs probe)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=1, seed=0)
+    body = build_request(prompt, sampling, 1)
+    body["top_logprobs_num"] = count
+    return body
+
+
+def top_logprobs_in(payload: Any) -> dict[int, float]:
+    """``{token id: logprob}`` of the first generated token in a ``top_logprobs_request`` answer."""
+    if isinstance(payload, list) and len(payload) == 1:
+        payload = payload[0]
+    meta = payload.get("meta_info") if isinstance(payload, dict) else None
+    top = meta.get("output_top_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(top, list) or not top or not isinstance(top[0], list):
+        raise ResponseFormatError(
+            "'meta_info.output_top_logprobs' is missing (was top_logprobs_num ignored?)"
+        )
+    found: dict[int, float] = {}
+    for entry in top[0]:
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2 or isinstance(entry[1], bool):
+            raise ResponseFormatError(f"output_top_logprobs entry {entry!r} is not [logprob, token_id, ...]")
+        value, token = entry[0], entry[1]
+        if not isinstance(token, int) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ResponseFormatError(f"output_top_logprobs entry {entry!r} is not [logprob, token_id, ...]")
+        found[token] = float(value)
+    return found
+
+
+def server_facts_in(payload: Any) -> dict[str, Any]:
+    """Version, model and dtype in a ``/server_info`` answer (SGLang's server arguments)."""
+    if not isinstance(payload, dict):
+        raise ResponseFormatError("/server_info answer is not a JSON object")
+    return {
+        "server": "SGLang",
+        "version": payload.get("version"),
+        "model": payload.get("served_model_name") or payload.get("model_path"),
+        "dtype": payload.get("dtype"),
+    }
+
+
+def served_by(payload: Any) -> str | None:
+    """The ``server`` a model-info answer names (``agentboost serve`` writes its own name there)."""
+    server = payload.get("server") if isinstance(payload, dict) else None
+    return server if isinstance(server, str) else None
 
 
 def _logprob_of(entry: Any) -> Any:
@@ -322,4 +372,5 @@ def model_info(model_name: str, context_length: int | None) -> dict[str, Any]:
         "tokenizer_path": model_name,
         "is_generation": True,
         "context_length": context_length,
+        "server": "agentboost serve",
     }

