@@ -48,7 +48,8 @@ def through_gateway(model, tokenizer, agent, **agent_options):
             engine, tokenizer, sampling=GREEDY, limits=RolloutLimits(max_new_tokens=64)
         ) as gateway:
             session = gateway.open_session("agent-1")
-            url = gateway.anthropic_url(session.id) if agent is anthropic_agent else gateway.base_url(session.id)
+            anthropic = agent is anthropic_agent
+            url = gateway.anthropic_url(session.id) if anthropic else gateway.base_url(session.id)
             messages = await agent(url, "agent-1", **agent_options)
             trajectory = session.trajectory("task", TerminationReason.COMPLETED)
         await engine.aclose()
