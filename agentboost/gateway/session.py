@@ -255,6 +255,9 @@ class GatewaySession:
         for position, (sent, kept) in enumerate(zip(keys, served, strict=False)):
             if sent == kept:
                 continue
+            for skipped in range(1, len(served) - position):  # messages left out, the rest kept
+                if keys[position : len(served) - skipped] == served[position + skipped :]:
+                    return "turn_dropped", position
             if sent[0] == kept[0] == "assistant":
                 return "assistant_edited", position
             if sent[0] == kept[0] == "tool":
@@ -262,8 +265,6 @@ class GatewaySession:
                 kept_block = _tool_block(served, position)
                 if sorted(sent_block, key=repr) == sorted(kept_block, key=repr):
                     return "tool_results_reordered", position
-            if keys[position : len(served) - 1] == served[position + 1 :]:
-                return "turn_dropped", position
             return "message_changed", position
         if len(keys) <= len(served):
             return "turn_dropped", len(keys)

@@ -50,10 +50,10 @@ def test_openai_stream_chunks_come_in_order_and_end_with_done(qwen_tokenizer, sc
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            async with aiohttp.ClientSession() as http:
-                async with http.post(f"{gateway.base_url('s1')}/chat/completions", json=body) as response:
-                    assert response.headers["Content-Type"].startswith("text/event-stream")
-                    return (await response.text()).split("\n\n")
+            url = f"{gateway.base_url('s1')}/chat/completions"
+            async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                return (await response.text()).split("\n\n")
 
     events = [event for event in run(go()) if event]
     assert events[-1] == "data: [DONE]"
