@@ -184,3 +184,13 @@ def test_the_registry_builds_it_from_json_kwargs():
     )
     assert environment.command == ["python", "agent.py"] and environment.policy.value == "reset"
     assert environment.system_prompt == environment.inner.system_prompt and len(environment.tasks(3)) == 3
+
+
+def test_the_examples_config_builds_a_gateway_environment_on_arithmetic_tasks():
+    from agentboost.train.config import load_config
+
+    config = load_config(Path(__file__).parents[2] / "examples" / "gateway" / "train.yaml")
+    environment = make_environment(config.environment.name, config.environment.kwargs)
+    assert isinstance(environment, GatewayEnvironment) and environment.inner.name == "arithmetic"
+    assert environment.command[-1] == "examples/gateway/openai_agent.py"
+    assert (Path(__file__).parents[2] / environment.command[-1]).is_file()
