@@ -266,7 +266,9 @@ class GatewaySession:
                 if sorted(sent_block, key=repr) == sorted(kept_block, key=repr):
                     return "tool_results_reordered", position
             return "message_changed", position
-        if len(keys) <= len(served):
+        if len(keys) == len(served) - 1:
+            return "request_repeated", len(keys)  # a retry of the last request: it was answered already
+        if len(keys) < len(served):
             return "turn_dropped", len(keys)
         for position in range(len(served), len(keys)):
             if keys[position][0] == "assistant":

@@ -162,3 +162,18 @@ def test_malformed_calls_come_back_as_text_and_are_recorded(qwen_tokenizer, say)
     row = session.trajectory("t", TerminationReason.COMPLETED)
     assert row.segments[-1].parse_errors == ["invalid_json"] and row.metrics["parse_errors"] == 1
     assert json.loads(json.dumps(row.to_dict()))["metrics"]["tool_calls"] == 0
+
+
+def test_a_repeated_request_is_recorded_as_such(qwen_tokenizer, say):
+    async def go():
+        async with serving(ScriptedEngine([say("one"), say("two")]), qwen_tokenizer) as gateway:
+            session = gateway.open_session("s")
+            async with aiohttp.ClientSession() as http:
+                history = [{"role": "user", "content": "hi"}]
+                await post(http, gateway, "s", history)
+                _, again = await post(http, gateway, "s", history)  # e.g. the SDK retried after a timeout
+            return session, again
+
+    session, again = run(go())
+    assert again["choices"][0]["message"]["content"] == "two"
+    assert [event["reason"] for event in session.drift] == ["request_repeated"] and len(session.rows) == 1
