@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_sft_command(commands)
     register_verl_commands(commands)
     register_eval_commands(commands)
+
+    from agentboost.gateway.command import register_gateway_command
+
+    register_gateway_command(commands)
     return parser
 
 

@@ -19,19 +19,19 @@ continues; the internal tool is never shown to the model.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from strands import tool
 from strands.models.model import Model
 
+from agentboost.agent.turn import generate_turn, turn_seed
 from agentboost.engines.base import Engine, FinishReason, SamplingParams
 from agentboost.errors import ConfigError, InvalidToolCall
 from agentboost.tokens.builder import TokenBuffer
-from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, split_reasoning
+from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message, tool_specs_to_openai
 
 INVALID_CALL_TOOL = "agentboost_invalid_tool_call"
@@ -87,10 +87,6 @@ def _text_of(content: Sequence[Mapping[str, Any]], role: str) -> str:
             kinds = sorted(block)
             raise ConfigError(f"{role} content blocks of kind {kinds} are not supported; send text or json")
     return "\n".join(parts)
-
-
-_SUMMED_ENGINE_METRICS = ("prompt_cached_tokens", "prompt_computed_tokens")
-"""Engine counts a rollout adds up over its turns and reports in its trajectory metrics."""
 
 
 class TokenModel(Model):
@@ -161,62 +157,31 @@ class TokenModel(Model):
         buffer = self.buffer
         assert buffer is not None
         budget = self.turn_budget(buffer)
-        seed = None if self._seed is None else self._seed + self.turns
-        sampling = replace(
-            self.sampling, max_new_tokens=budget, stop_token_ids=self.stop_token_ids, seed=seed
+        turn = await generate_turn(
+            self.engine,
+            buffer,
+            self.parser,
+            self._tool_schemas,
+            self.sampling,
+            budget=budget,
+            stop_token_ids=self.stop_token_ids,
+            seed=turn_seed(self._seed, self.turns),
         )
-
-        started = time.perf_counter()
-        generation = await self.engine.generate(buffer.token_ids, sampling)
-        elapsed = time.perf_counter() - started
-        self.engine_s += elapsed
-        for key in _SUMMED_ENGINE_METRICS:
-            if key in generation.metrics:
-                self.engine_counts[key] = self.engine_counts.get(key, 0) + generation.metrics[key]
-
-        ids = generation.token_ids
-        finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in self.stop_token_ids
-        raw = buffer.decode(ids)
-        text = raw[: len(raw) - len(buffer.token_text(ids[-1]))] if finished else raw
-        reasoning, visible, unclosed = split_reasoning(text, starts_in_think=buffer.starts_in_think)
-        assistant: Message = {"role": "assistant", "content": visible}
-        if reasoning is not None:
-            assistant["reasoning_content"] = reasoning
-        calls: list[ToolCall] = []
-        errors: list[ParseError] = []
-        if generation.finish_reason != "length":  # a turn cut short is not read for tool calls
-            parsed = self.parser.parse(visible, self._tool_schemas)
-            assistant["content"] = parsed.content
-            calls, errors = parsed.tool_calls, parsed.errors
-        if unclosed:
-            errors.append(ParseError("unclosed_think", "the turn ended inside <think> without </think>."))
-        buffer.append_generation(
-            ids,
-            generation.logprobs,
-            finish_reason=generation.finish_reason,
-            parse_errors=[error.kind for error in errors],
-        )
-        answerable = [error for error in errors if error.kind != "unclosed_think"]
+        self.engine_s += turn.elapsed_s
+        for key, value in turn.engine_metrics.items():
+            self.engine_counts[key] = self.engine_counts.get(key, 0) + value
+        calls = turn.tool_calls
         self._pending = [_PendingCall(f"call_{uuid.uuid4().hex[:12]}", call.name) for call in calls]
         self._pending += [
             _PendingCall(f"call_{uuid.uuid4().hex[:12]}", INVALID_CALL_TOOL, self._error_text(error))
-            for error in answerable
+            for error in turn.errors
         ]
-        self.last_turn = TurnRecord(len(ids), generation.finish_reason, budget, len(calls))
-        if calls:
-            assistant["tool_calls"] = [
-                {
-                    "id": pending.tool_use_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for pending, call in zip(self._pending, calls, strict=False)
-            ]
-        assistant["raw"] = raw
+        self.last_turn = TurnRecord(len(turn.token_ids), turn.finish_reason, budget, len(calls))
+        assistant = turn.assistant_message([pending.tool_use_id for pending in self._pending[: len(calls)]])
         self.messages.append(assistant)
 
         for event in self._events(
-            reasoning, assistant["content"], calls, len(buffer.token_ids), len(ids), elapsed
+            turn.reasoning, turn.content, calls, len(buffer.token_ids), len(turn.token_ids), turn.elapsed_s
         ):
             yield event
 

@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "math": "agentboost.envs.math_problems:MathEnvironment",
     "coding": "agentboost.envs.coding.environment:CodingEnvironment",
     "tau2": "agentboost.envs.tau2.environment:Tau2Environment",
+    "gateway": "agentboost.gateway.environment:GatewayEnvironment",
 }
 
 

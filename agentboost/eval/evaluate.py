@@ -22,7 +22,7 @@ from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.eval.passk import pass_table, task_counts
-from agentboost.eval.stats import tool_usage_stats
+from agentboost.eval.stats import gateway_drift, tool_usage_stats
 from agentboost.rollout.outcomes import MEAN_REWARD_DEFINITION
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import Execute, RunConfig, RunSummary, in_process, plan_jobs, run_jobs
@@ -100,6 +100,7 @@ def build_report(
             "p90": summary["latency_s_p90"],
         },
         "stats": stats.to_dict(),
+        **({"gateway": drift} if (drift := gateway_drift(results)) is not None else {}),
     }
 
 
@@ -224,6 +225,13 @@ def summary_text(report: Mapping[str, Any]) -> str:
     for name, tool in report["tools"].items():
         statuses = ", ".join(f"{status} {count}" for status, count in tool.get("statuses", {}).items())
         lines.append(f"  tool {name}: {tool['calls']} calls, {tool['errors']} errors ({statuses})")
+    if report.get("gateway"):
+        gateway = report["gateway"]
+        reasons = ", ".join(f"{reason} {count}" for reason, count in gateway["drift"].items()) or "none"
+        lines.append(
+            f"gateway: {gateway['sessions']} sessions, {gateway['rows']} training rows, "
+            f"{gateway['forked_rollouts']} forked | drift {reasons}"
+        )
     tokens, latency = report["tokens"], report["latency_s"]
     lines.append(
         f"tokens per rollout: generated {_number(tokens['generated_mean'])}, "

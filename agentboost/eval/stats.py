@@ -332,9 +332,39 @@ def tool_usage_stats(
         )
     )
 
+    drift = gateway_drift(results)
+    if drift is not None:
+        tables.append(
+            Table(
+                "gateway_drift",
+                "Gateway drift (agents that rewrote their history)",
+                ["reason", "occurrences"],
+                [[reason, count] for reason, count in drift["drift"].items()],
+                note=(
+                    f"{drift['sessions']} gateway sessions gave {drift['rows']} training rows; "
+                    f"{drift['forked_rollouts']} rollouts forked (see docs/gateway.md)."
+                ),
+            )
+        )
     if any("submitted" in r.reward_breakdown for r in results):
         tables += _coding_tables(results, threshold, test_tool or status_tools, summary)
     return Stats(summary, tables)
+
+
+def gateway_drift(results: Iterable[RolloutResult]) -> dict[str, Any] | None:
+    """Over gateway rollouts: sessions, training rows, rollouts that forked, drift reasons. None if none."""
+    sessions = [r for r in results if isinstance(r.trajectory.info.get("gateway"), Mapping)]
+    if not sessions:
+        return None
+    reasons: Counter[str] = Counter(
+        event["reason"] for r in sessions for event in r.trajectory.info["gateway"].get("drift", ())
+    )
+    return {
+        "sessions": len(sessions),
+        "rows": sum(len(r.trajectory.training_rows) for r in sessions),
+        "forked_rollouts": sum(1 for r in sessions if r.trajectory.forked_rows),
+        "drift": dict(_ranked(reasons)),
+    }
 
 
 def _coding_tables(

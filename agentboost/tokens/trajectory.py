@@ -18,6 +18,8 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
                    latency_s, engine_s
     info           free-form: model, template, sampling, environment facts
+    forked_rows    only when not empty: earlier training rows of the same rollout (a gateway session
+                   whose agent rewrote its history, see docs/gateway.md), each a trajectory object
 
 The reward is not part of a trajectory: :class:`~agentboost.envs.base.RolloutResult` owns it.
 
@@ -143,6 +145,9 @@ class Trajectory:
     termination_detail: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    forked_rows: list[Trajectory] = field(default_factory=list)
+    """Earlier training rows of this rollout, oldest first (a gateway session that forked); each is
+    trained with the rollout's reward and advantage. Empty for every other rollout."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -173,8 +178,13 @@ class Trajectory:
                 return message.get("content") or ""
         return ""
 
+    @property
+    def training_rows(self) -> list[Trajectory]:
+        """The sequences a trainer trains on for this rollout: the forked rows, then this one."""
+        return [*self.forked_rows, self]
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "format": TRAJECTORY_FORMAT,
             "version": TRAJECTORY_VERSION,
             "task_id": self.task_id,
@@ -187,6 +197,9 @@ class Trajectory:
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,
         }
+        if self.forked_rows:
+            data["forked_rows"] = [row.to_dict() for row in self.forked_rows]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
@@ -208,6 +221,7 @@ class Trajectory:
             termination_detail=data["termination"].get("detail"),
             metrics=data.get("metrics", {}),
             info=data.get("info", {}),
+            forked_rows=[cls.from_dict(row) for row in data.get("forked_rows", ())],
         )
 
     def to_json(self) -> str:

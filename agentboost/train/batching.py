@@ -20,6 +20,7 @@ import torch
 
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import TrajectoryError
+from agentboost.tokens.trajectory import Trajectory
 
 
 @dataclass
@@ -53,10 +54,19 @@ class Sample:
 
 
 def sample_from_result(
-    result: RolloutResult, *, index: int, group: int, advantage: float, zero_signal: bool = False
+    result: RolloutResult,
+    *,
+    index: int,
+    group: int,
+    advantage: float,
+    zero_signal: bool = False,
+    row: Trajectory | None = None,
 ) -> Sample:
-    """Turn a scored rollout into a :class:`Sample`, reading only its Trajectory's ids, mask, logprobs."""
-    trajectory = result.trajectory
+    """Turn a scored rollout into a :class:`Sample`, reading only its Trajectory's ids, mask, logprobs.
+
+    ``row`` picks one of the rollout's :attr:`~Trajectory.training_rows` (default: its trajectory).
+    """
+    trajectory = row if row is not None else result.trajectory
     ids = torch.tensor(trajectory.token_ids, dtype=torch.long)
     mask = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
     missing = [

@@ -365,16 +365,21 @@ class Trainer:
         silent = [int(g) for g in groups if bool(zero_signal[group_ids == g].all())]
         metrics["groups/zero_signal_fraction"] = len(silent) / len(groups)
         metrics["groups/dropped"] = float(len(silent)) if algorithm.drop_zero_signal_groups else 0.0
-        samples = [
-            sample_from_result(
-                result,
-                index=index,
-                group=int(group_ids[index]),
-                advantage=float(advantages[index]),
-                zero_signal=bool(zero_signal[index]),
-            )
-            for index, result in enumerate(usable)
-        ]
+        # a rollout with several training rows (a gateway session that forked) gives each row the
+        # rollout's advantage: the reward is the rollout's, so every row it produced shares the credit
+        samples: list[Sample] = []
+        for position, result in enumerate(usable):
+            for row in result.trajectory.training_rows:
+                samples.append(
+                    sample_from_result(
+                        result,
+                        index=len(samples),
+                        group=int(group_ids[position]),
+                        advantage=float(advantages[position]),
+                        zero_signal=bool(zero_signal[position]),
+                        row=row,
+                    )
+                )
         metrics["policy/advantage_abs_mean"] = float(advantages.abs().mean())
         return samples, metrics
 

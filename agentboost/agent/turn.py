@@ -1,0 +1,111 @@
+"""One model turn over a token buffer: generate, split reasoning, parse tool calls, append the ids.
+
+The Strands provider (:mod:`agentboost.agent.provider`) and the HTTP gateway (:mod:`agentboost.gateway`)
+both run their turns through :func:`generate_turn`, so a turn is the same tokens, the same parse and
+the same recorded errors whichever front end asked for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from agentboost.engines.base import Engine, FinishReason, SamplingParams
+from agentboost.tokens.builder import TokenBuffer
+from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, ToolSchemas, split_reasoning
+from agentboost.tokens.templates import Message
+
+SUMMED_ENGINE_METRICS = ("prompt_cached_tokens", "prompt_computed_tokens")
+"""Engine counts a rollout adds up over its turns and reports in its trajectory metrics."""
+
+
+@dataclass
+class GeneratedTurn:
+    """What one model turn produced; its ids are already appended to the buffer (loss mask 1)."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason
+    budget: int
+    """The most new tokens the turn was allowed."""
+    raw: str
+    """The decoded turn, stop token included."""
+    reasoning: str | None
+    content: str
+    """Visible text: the turn minus reasoning and minus valid tool calls (malformed calls stay in it)."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+    """Malformed calls the model can be told about (``unclosed_think`` is recorded but not listed)."""
+    elapsed_s: float = 0.0
+    engine_metrics: dict[str, float] = field(default_factory=dict)
+
+    def assistant_message(self, call_ids: Sequence[str]) -> Message:
+        """The chat-view assistant message, its valid tool calls named by ``call_ids`` (in order)."""
+        message: Message = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call_id, call in zip(call_ids, self.tool_calls, strict=True)
+            ]
+        message["raw"] = self.raw
+        return message
+
+
+async def generate_turn(
+    engine: Engine,
+    buffer: TokenBuffer,
+    parser: ToolCallParser,
+    tool_schemas: ToolSchemas,
+    sampling: SamplingParams,
+    *,
+    budget: int,
+    stop_token_ids: Sequence[int],
+    seed: int | None,
+) -> GeneratedTurn:
+    """Generate the next assistant turn from ``buffer``'s ids and append it verbatim.
+
+    A turn cut short by ``budget`` (finish ``length``) is not read for tool calls.
+    """
+    request = replace(sampling, max_new_tokens=budget, stop_token_ids=tuple(stop_token_ids), seed=seed)
+    started = time.perf_counter()
+    generation = await engine.generate(buffer.token_ids, request)
+    elapsed = time.perf_counter() - started
+    ids = generation.token_ids
+    finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in request.stop_token_ids
+    raw = buffer.decode(ids)
+    text = raw[: len(raw) - len(buffer.token_text(ids[-1]))] if finished else raw
+    reasoning, visible, unclosed = split_reasoning(text, starts_in_think=buffer.starts_in_think)
+    content, calls, errors = visible, [], []
+    if generation.finish_reason != "length":
+        parsed = parser.parse(visible, tool_schemas)
+        content, calls, errors = parsed.content, parsed.tool_calls, parsed.errors
+    recorded = [error.kind for error in errors]
+    if unclosed:
+        recorded.append("unclosed_think")
+    buffer.append_generation(
+        ids, generation.logprobs, finish_reason=generation.finish_reason, parse_errors=recorded
+    )
+    metrics = {key: generation.metrics[key] for key in SUMMED_ENGINE_METRICS if key in generation.metrics}
+    return GeneratedTurn(
+        token_ids=list(ids),
+        finish_reason=generation.finish_reason,
+        budget=budget,
+        raw=raw,
+        reasoning=reasoning,
+        content=content,
+        tool_calls=calls,
+        errors=errors,
+        elapsed_s=elapsed,
+        engine_metrics=metrics,
+    )
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """Each turn of a seeded rollout gets its own seed, so turns do not repeat one another's draws."""
+    return None if seed is None else seed + turn

@@ -1,0 +1,307 @@
+"""The gateway: OpenAI Chat Completions and Anthropic Messages in front of any engine, owning the tokens.
+
+Endpoints (a session is named in the path, or carried in the API-key slot for clients whose base
+URL is fixed):
+
+* ``POST /s/<session>/v1/chat/completions`` and ``POST /v1/chat/completions`` (key:
+  ``Authorization: Bearer <session>``);
+* ``POST /s/<session>/v1/messages`` and ``POST /v1/messages`` (key: ``x-api-key: <session>`` or the
+  bearer token);
+* ``GET /s/<session>/v1/models``, ``GET /v1/models``, ``GET /health``;
+* ``GET /sessions/<session>/trajectory``: the session so far, as an agentboost trajectory.
+
+An unknown session is answered in the API's error shape: 404 when it was named in the path, 401
+when it came as a key. With ``open_sessions`` (the ``agentboost gateway`` command), any new name
+opens a session instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.rollout import stop_token_ids
+from agentboost.engines.base import Engine, RolloutKey, SamplingParams
+from agentboost.errors import ConfigError
+from agentboost.gateway import anthropic_api, openai_api
+from agentboost.gateway.session import DriftPolicy, GatewayError, GatewaySession, check_policy
+from agentboost.tokens.parsers import get_parser
+from agentboost.tokens.templates import ChatTemplate, template_for
+from agentboost.tokens.trajectory import TerminationReason
+
+
+@dataclass
+class GatewayStats:
+    """What the server saw (for tests and benchmarks)."""
+
+    requests: int = 0
+    errors: int = 0
+    disconnects: int = 0
+    """Streams whose client went away before the last event."""
+
+
+class Gateway:
+    """Owns the sessions and serves them over HTTP. Use :meth:`start` / :meth:`aclose` (or ``async with``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        template: ChatTemplate | str | None = None,
+        parser: str = "hermes",
+        sampling: SamplingParams | None = None,
+        limits: RolloutLimits | None = None,
+        policy: DriftPolicy | str = DriftPolicy.FORK,
+        client_sampling: bool = True,
+        open_sessions: bool = False,
+        model_name: str = "agentboost",
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
+        self.parser_name = parser
+        get_parser(parser)  # an unknown parser fails here, not on the first request
+        self.sampling = sampling or SamplingParams()
+        self.limits = limits or RolloutLimits()
+        self.policy = check_policy(policy.value if isinstance(policy, DriftPolicy) else policy)
+        self.client_sampling = client_sampling
+        self.open_sessions = open_sessions
+        self.model_name = model_name
+        self.sessions: dict[str, GatewaySession] = {}
+        self.stats = GatewayStats()
+        self._stop_ids = stop_token_ids(tokenizer)
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+        """``http://host:port`` once started."""
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        session_id: str | None = None,
+        *,
+        limits: RolloutLimits | None = None,
+        sampling: SamplingParams | None = None,
+        policy: DriftPolicy | str | None = None,
+        client_sampling: bool | None = None,
+        rollout: RolloutKey | None = None,
+    ) -> GatewaySession:
+        """A new session (a random name unless given); its URLs: :meth:`base_url`, :meth:`anthropic_url`."""
+        session_id = session_id or f"s-{uuid.uuid4().hex}"
+        if not session_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError(f"session name {session_id!r} may hold only letters, digits, '-', '_' and '.'")
+        if session_id in self.sessions:
+            raise ConfigError(f"session {session_id!r} is already open; pick another name")
+        session = GatewaySession(
+            session_id,
+            engine=self.engine,
+            tokenizer=self.tokenizer,
+            template=self.template,
+            parser=get_parser(self.parser_name),
+            stop_token_ids=self._stop_ids,
+            sampling=sampling or self.sampling,
+            limits=limits or self.limits,
+            policy=check_policy(
+                policy.value if isinstance(policy, DriftPolicy) else policy or self.policy.value
+            ),
+            client_sampling=self.client_sampling if client_sampling is None else client_sampling,
+            rollout=rollout,
+        )
+        self.sessions[session_id] = session
+        return session
+
+    def close_session(self, session_id: str) -> GatewaySession:
+        """Stop serving a session and return it (its rows stay readable)."""
+        session = self.sessions.pop(session_id)
+        session.close()
+        return session
+
+    def base_url(self, session_id: str) -> str:
+        """The OpenAI-style base URL of a session (``.../s/<session>/v1``)."""
+        return f"{self._require_url()}/s/{session_id}/v1"
+
+    def anthropic_url(self, session_id: str) -> str:
+        """The Anthropic SDK's base URL of a session (it appends ``/v1/messages`` itself)."""
+        return f"{self._require_url()}/s/{session_id}"
+
+    def _require_url(self) -> str:
+        if self.url is None:
+            raise ConfigError("the gateway is not serving yet; await gateway.start() first")
+        return self.url
+
+    # --- serving --------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        openai_handler = self._handler(self._openai)
+        anthropic_handler = self._handler(self._anthropic)
+        app.router.add_post("/s/{session}/v1/chat/completions", openai_handler)
+        app.router.add_post("/v1/chat/completions", openai_handler)
+        app.router.add_post("/s/{session}/v1/messages", anthropic_handler)
+        app.router.add_post("/v1/messages", anthropic_handler)
+        app.router.add_get("/s/{session}/v1/models", self._models)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on ``host:port`` (0: a free port); returns :attr:`url`."""
+        runner = web.AppRunner(self.build_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        bound_port = runner.addresses[0][1]
+        self.url = f"http://{host}:{bound_port}"
+        return self.url
+
+    async def aclose(self) -> None:
+        """Stop listening and unbind every open session. Idempotent; never closes the engine."""
+        for session_id in list(self.sessions):
+            self.close_session(session_id)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    # --- handlers -------------------------------------------------------------------------------
+
+    def _session(self, request: web.Request) -> GatewaySession:
+        named = request.match_info.get("session")
+        if named is not None:
+            session = self.sessions.get(named)
+            if session is None and self.open_sessions:
+                session = self.open_session(named)
+            if session is None:
+                raise GatewayError(
+                    404, "not_found", f"there is no session {named!r} on this gateway", "session_not_found"
+                )
+            return session
+        key = request.headers.get("x-api-key")
+        authorization = request.headers.get("Authorization", "")
+        if key is None and authorization.lower().startswith("bearer "):
+            key = authorization[len("bearer ") :].strip()
+        if not key:
+            raise GatewayError(
+                401,
+                "authentication",
+                "name the session: use the base URL .../s/<session>/v1 or send the session as the API key",
+                "session_missing",
+            )
+        session = self.sessions.get(key)
+        if session is None and self.open_sessions:
+            session = self.open_session(key)
+        if session is None:
+            raise GatewayError(
+                401, "authentication", "the API key names no session on this gateway", "invalid_api_key"
+            )
+        return session
+
+    def _handler(self, serve: Callable[[web.Request, GatewaySession, Any], Any]) -> Any:
+        errors = openai_api.error_body if serve == self._openai else anthropic_api.error_body
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.stats.requests += 1
+            try:
+                session = self._session(request)
+                try:
+                    body = await request.json()
+                except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    raise GatewayError(
+                        400, "invalid_request", f"the request body is not valid JSON: {error}"
+                    ) from error
+                return await serve(request, session, body)
+            except GatewayError as error:
+                self.stats.errors += 1
+                return web.json_response(errors(error), status=error.status)
+
+        return handle
+
+    async def _openai(self, request: web.Request, session: GatewaySession, body: Any) -> web.StreamResponse:
+        chat, stream, include_usage = openai_api.parse_request(body, self.tokenizer)
+        served = await _shielded(session.complete(chat))
+        if not stream:
+            return web.json_response(openai_api.response(served, self.model_name))
+        events = (("", chunk) for chunk in openai_api.stream_chunks(served, self.model_name, include_usage))
+        return await self._stream(request, events, done="data: [DONE]\n\n")
+
+    async def _anthropic(
+        self, request: web.Request, session: GatewaySession, body: Any
+    ) -> web.StreamResponse:
+        chat, stream = anthropic_api.parse_request(body, self.tokenizer)
+        served = await _shielded(session.complete(chat))
+        if not stream:
+            return web.json_response(anthropic_api.response(served, self.model_name))
+        return await self._stream(request, anthropic_api.stream_events(served, self.model_name), done=None)
+
+    async def _stream(self, request: web.Request, events: Any, *, done: str | None) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            for name, data in events:
+                prefix = f"event: {name}\n" if name else ""
+                await response.write(f"{prefix}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
+            if done is not None:
+                await response.write(done.encode())
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stats.disconnects += 1  # the turn is already in the session's buffer: nothing is lost
+            raise
+        return response
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "agentboost"}]}
+        )
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "sessions": len(self.sessions)})
+
+    async def _trajectory(self, request: web.Request) -> web.Response:
+        session = self.sessions.get(request.match_info["session"])
+        if session is None:
+            error = GatewayError(
+                404, "not_found", "there is no such session on this gateway", "session_not_found"
+            )
+            return web.json_response(openai_api.error_body(error), status=404)
+        reason = session.termination or TerminationReason.COMPLETED
+        trajectory = session.trajectory(session.id, reason, session.termination_detail)
+        return web.json_response(trajectory.to_dict())
+
+
+async def _shielded(work: Any) -> Any:
+    """Run a turn to the end even if the client goes away: its tokens then stay in the session."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await task
+        raise
+
+
+def sessions_summary(sessions: Mapping[str, GatewaySession]) -> dict[str, Any]:
+    """Counts over sessions: turns, rows and drift events (for ``agentboost gateway``'s exit line)."""
+    return {
+        "sessions": len(sessions),
+        "turns": sum(session.turns for session in sessions.values()),
+        "drift_events": sum(len(session.drift) for session in sessions.values()),
+    }

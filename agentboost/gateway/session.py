@@ -1,0 +1,467 @@
+"""One gateway session: an agent's conversation, the token rows it produced, and where it drifted.
+
+A session keeps agentboost's :class:`~agentboost.tokens.builder.TokenBuffer` (one per training row)
+and the messages that row has *served*: the prompt it started from, every assistant turn exactly as
+the gateway returned it, and the tool results and user turns appended since. A request whose
+messages start with exactly those and add only tool results or user turns *extends* the row: only
+the new messages are tokenized, the model's earlier ids stay as generated. Any other request has
+*drifted*; the session's :class:`DriftPolicy` decides what happens, and the drift is recorded
+(reason, message position, row, turn) in the trajectory's ``info["gateway"]["drift"]``.
+
+Requests are plain data (:class:`ChatRequest`): the OpenAI and Anthropic front ends
+(:mod:`agentboost.gateway.openai_api`, :mod:`agentboost.gateway.anthropic_api`) translate their wire
+formats into it, so both APIs share one session logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.termination import room
+from agentboost.agent.turn import GeneratedTurn, generate_turn, turn_seed
+from agentboost.engines.base import Engine, RolloutKey, SamplingParams
+from agentboost.errors import ConfigError, ContextLengthError, EngineError, TemplateError
+from agentboost.tokens.builder import TokenBuffer
+from agentboost.tokens.parsers import ToolCallParser
+from agentboost.tokens.templates import ChatTemplate, Message
+from agentboost.tokens.trajectory import TerminationReason, Trajectory
+
+
+class DriftPolicy(str, Enum):
+    """What a session does with a request that does not extend what it served."""
+
+    FORK = "fork"
+    """Keep the current row for training and start a new row from the request (several rows)."""
+    RESET = "reset"
+    """Drop the current row (not trained on) and start a new row from the request."""
+    REFUSE = "refuse"
+    """Answer the request with an error (HTTP 400, code ``history_diverged``); the row is unchanged."""
+
+
+class GatewayError(Exception):
+    """A request the gateway answers with an error: HTTP status, error kind and one actionable sentence."""
+
+    def __init__(self, status: int, kind: str, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        """``invalid_request``, ``not_found``, ``authentication``, ``session_ended`` or ``engine``."""
+        self.message = message
+        self.code = code
+
+
+@dataclass
+class ChatRequest:
+    """One chat request in the gateway's own terms, whichever API it came through.
+
+    ``messages`` are OpenAI-style chat messages without the system prompt: ``user`` and ``tool``
+    messages with text ``content``; ``assistant`` messages with text ``content`` and ``tool_calls``
+    whose ``function.arguments`` are parsed objects (a string when the client sent invalid JSON).
+    """
+
+    messages: list[Message]
+    system: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI function schemas: ``{"type": "function", "function": {name, description, parameters}}``."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class ServedTurn:
+    """What one request got: the turn, its assistant message (tool calls with their ids), token counts."""
+
+    turn: GeneratedTurn
+    message: Message
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.turn.token_ids)
+
+
+def _arguments_key(arguments: Any) -> str:
+    return (
+        arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    )
+
+
+def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two chat messages the same for extension: roles, texts, call ids, names, arguments.
+
+    Reasoning is not part of it: clients drop it, and the session holds its tokens anyway.
+    """
+    role = message["role"]
+    if role == "assistant":
+        calls = tuple(
+            (call.get("id"), call["function"]["name"], _arguments_key(call["function"].get("arguments")))
+            for call in message.get("tool_calls") or ()
+        )
+        return (role, message.get("content") or "", calls)
+    if role == "tool":
+        return (role, message.get("tool_call_id"), message["content"])
+    return (role, message["content"])
+
+
+@dataclass
+class _Row:
+    """One training row: its buffer, the chat view, and the message keys it has served."""
+
+    buffer: TokenBuffer
+    messages: list[Message]
+    served: list[tuple[Any, ...]]
+    tool_names: dict[str, str] = field(default_factory=dict)
+    """Tool-call id -> tool name, for the tool messages that answer them."""
+    tool_calls: int = 0
+    """Well-formed tool calls this row generated."""
+
+
+def _tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
+
+
+class GatewaySession:
+    """The token state of one agent session. Safe against concurrent requests (they run one at a time)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        engine: Engine,
+        tokenizer: Any,
+        template: ChatTemplate,
+        parser: ToolCallParser,
+        stop_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        limits: RolloutLimits,
+        policy: DriftPolicy = DriftPolicy.FORK,
+        client_sampling: bool = True,
+        rollout: RolloutKey | None = None,
+    ) -> None:
+        self.id = session_id
+        self.rollout = rollout or RolloutKey(session_id)
+        bind = getattr(engine, "bind", None)
+        self._engine_root = engine
+        self.engine = bind(self.rollout) if bind is not None else engine
+        self.tokenizer = tokenizer
+        self.template = template
+        self.parser = parser
+        self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids]))
+        self.sampling = sampling
+        self.limits = limits
+        self.policy = DriftPolicy(policy)
+        self.client_sampling = client_sampling
+        """Whether a request's temperature / top_p replace the session's (off for training rollouts)."""
+        self.rows: list[_Row] = []
+        """Finished rows kept for training (forks), oldest first; the current row is :attr:`row`."""
+        self.row: _Row | None = None
+        self.system: str | None = None
+        self.tools: list[dict[str, Any]] = []
+        self.drift: list[dict[str, Any]] = []
+        self.dropped_rows = 0
+        self.turns = 0
+        self.tool_calls = 0
+        self.engine_s = 0.0
+        self.engine_counts: dict[str, float] = {}
+        self.last_request: ChatRequest | None = None
+        self.termination: TerminationReason | None = None
+        self.termination_detail: str | None = None
+        self.ended = asyncio.Event()
+        """Set when a limit or an error ended the session: its agent should be stopped."""
+        self.started = time.perf_counter()
+        self._lock = asyncio.Lock()
+
+    # --- requests -------------------------------------------------------------------------------
+
+    async def complete(self, request: ChatRequest) -> ServedTurn:
+        """Generate the next assistant turn for ``request``. Raises :class:`GatewayError`."""
+        async with self._lock:
+            if self.termination is not None:
+                raise GatewayError(
+                    400,
+                    "session_ended",
+                    f"session {self.id!r} has ended ({self.termination.value}: {self.termination_detail}); "
+                    "start a new session",
+                    code="session_ended",
+                )
+            if not request.messages or request.messages[-1]["role"] == "assistant":
+                raise GatewayError(
+                    400,
+                    "invalid_request",
+                    "the last message must be a user message or tool results: the model answers next",
+                )
+            row = self._row_for(request)
+            self.last_request = request
+            return await self._generate(row, request)
+
+    def _row_for(self, request: ChatRequest) -> _Row:
+        keys = [message_key(message) for message in request.messages]
+        if self.row is None:
+            return self._start_row(request, keys)
+        row = self.row
+        drift = self._find_drift(row, request, keys)
+        if drift is None:
+            new = [self._chat_message(row, message) for message in request.messages[len(row.served) :]]
+            try:
+                row.buffer.append_messages(new)
+            except TemplateError as error:
+                self._end(TerminationReason.TEMPLATE_ERROR, str(error))
+                raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
+            row.messages.extend(new)
+            row.served.extend(keys[len(row.served) :])
+            return row
+        reason, position = drift
+        record = {
+            "reason": reason,
+            "position": position,
+            "row": len(self.rows),
+            "turn": self.turns,
+            "policy": self.policy.value,
+        }
+        self.drift.append(record)
+        if self.policy is DriftPolicy.REFUSE:
+            raise GatewayError(
+                400,
+                "invalid_request",
+                f"the messages no longer extend what session {self.id!r} served ({reason} at message "
+                f"{position}); send the history as the gateway returned it, or start a new session",
+                code="history_diverged",
+            )
+        if self.policy is DriftPolicy.FORK:
+            self.rows.append(row)
+        else:
+            self.dropped_rows += 1
+        return self._start_row(request, keys)
+
+    def _find_drift(
+        self, row: _Row, request: ChatRequest, keys: list[tuple[Any, ...]]
+    ) -> tuple[str, int] | None:
+        """None when ``request`` extends ``row``; else (reason, first differing message position)."""
+        if (request.system or None) != (self.system or None):
+            return "system_changed", 0
+        if request.tools != self.tools:
+            return "tools_changed", 0
+        served = row.served
+        for position, (sent, kept) in enumerate(zip(keys, served, strict=False)):
+            if sent == kept:
+                continue
+            for skipped in range(1, len(served) - position):  # messages left out, the rest kept
+                if keys[position : len(served) - skipped] == served[position + skipped :]:
+                    return "turn_dropped", position
+            if sent[0] == kept[0] == "assistant":
+                return "assistant_edited", position
+            if sent[0] == kept[0] == "tool":
+                sent_block = _tool_block(keys, position)
+                kept_block = _tool_block(served, position)
+                if sorted(sent_block, key=repr) == sorted(kept_block, key=repr):
+                    return "tool_results_reordered", position
+            return "message_changed", position
+        if len(keys) == len(served) - 1:
+            return "request_repeated", len(keys)  # a retry of the last request: it was answered already
+        if len(keys) < len(served):
+            return "turn_dropped", len(keys)
+        for position in range(len(served), len(keys)):
+            if keys[position][0] == "assistant":
+                return "assistant_not_served", position
+        if row.buffer.segments[-1].role != "assistant":
+            return "turn_not_generated", len(served)  # the previous request failed before its turn
+        return None
+
+    def _start_row(self, request: ChatRequest, keys: list[tuple[Any, ...]]) -> _Row:
+        self.system, self.tools = request.system, list(request.tools)
+        tool_names = {
+            call["id"]: call["function"]["name"]
+            for message in request.messages
+            if message["role"] == "assistant"
+            for call in message.get("tool_calls") or ()
+        }
+        chat: list[Message] = [{"role": "system", "content": request.system}] if request.system else []
+        row = _Row(TokenBuffer(self.tokenizer, self.template, tools=self.tools or None), chat, [], tool_names)
+        chat.extend(self._chat_message(row, message) for message in request.messages)
+        try:
+            row.buffer.start(chat)
+        except TemplateError as error:
+            raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
+        row.served = list(keys)
+        self.row = row
+        return row
+
+    @staticmethod
+    def _chat_message(row: _Row, message: Message) -> Message:
+        if message["role"] == "tool":
+            return {**message, "name": row.tool_names.get(message.get("tool_call_id", ""))}
+        return dict(message)
+
+    async def _generate(self, row: _Row, request: ChatRequest) -> ServedTurn:
+        left = room(self.limits, row.buffer, self.engine.context_length)
+        if left < 1:
+            detail = f"{len(row.buffer.token_ids)} tokens leave no room in the context"
+            self._end(TerminationReason.CONTEXT_FULL, detail)
+            raise GatewayError(400, "invalid_request", detail, code="context_length_exceeded")
+        budget = min(self.limits.max_new_tokens, left)
+        client_cap = request.max_tokens is not None and request.max_tokens < budget
+        if client_cap:
+            budget = request.max_tokens  # type: ignore[assignment]
+        sampling = self.sampling
+        if self.client_sampling:
+            changes = {"temperature": request.temperature, "top_p": request.top_p}
+            sampling = replace(sampling, **{k: v for k, v in changes.items() if v is not None})
+        prompt_tokens = len(row.buffer.token_ids)
+        try:
+            turn = await generate_turn(
+                self.engine,
+                row.buffer,
+                self.parser,
+                _tool_schemas(self.tools),
+                sampling,
+                budget=budget,
+                stop_token_ids=(*self.stop_token_ids, *request.stop_token_ids),
+                seed=turn_seed(sampling.seed, self.turns),
+            )
+        except ContextLengthError as error:
+            self._end(TerminationReason.CONTEXT_FULL, str(error))
+            raise GatewayError(400, "invalid_request", str(error), code="context_length_exceeded") from error
+        except EngineError as error:
+            self._end(TerminationReason.ENGINE_ERROR, f"{type(error).__name__}: {error}")
+            raise GatewayError(502, "engine", f"the engine failed: {error}") from error
+        self.turns += 1
+        self.engine_s += turn.elapsed_s
+        for key, value in turn.engine_metrics.items():
+            self.engine_counts[key] = self.engine_counts.get(key, 0) + value
+        call_ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in turn.tool_calls]
+        message = turn.assistant_message(call_ids)
+        row.tool_names.update(
+            {call_id: call.name for call_id, call in zip(call_ids, turn.tool_calls, strict=True)}
+        )
+        row.messages.append(message)
+        row.tool_calls += len(turn.tool_calls)
+        row.served.append(message_key(message))
+        self._apply_limits(turn, client_cap)
+        return ServedTurn(turn, message, prompt_tokens)
+
+    def _apply_limits(self, turn: GeneratedTurn, client_cap: bool) -> None:
+        """End the session when this turn reached one of the rollout's limits (as the provider path does)."""
+        if turn.finish_reason == "length" and not client_cap:
+            clamped = turn.budget < self.limits.max_new_tokens
+            reason = TerminationReason.CONTEXT_FULL if clamped else TerminationReason.MAX_TOKENS
+            self._end(reason, f"the turn reached {len(turn.token_ids)} new tokens without a stop token")
+            return
+        limit = self.limits.max_tool_calls
+        if limit is not None and self.tool_calls + len(turn.tool_calls) > limit:
+            left = limit - self.tool_calls
+            detail = (
+                f"the turn asked for {len(turn.tool_calls)} tool calls; {left} of max_tool_calls were left"
+            )
+            self._end(TerminationReason.MAX_TOOL_CALLS, detail)
+            return
+        self.tool_calls += len(turn.tool_calls)
+        if self.turns >= self.limits.max_turns:
+            self._end(TerminationReason.MAX_TURNS, f"{self.turns} turns ran (max_turns)")
+
+    def _end(self, reason: TerminationReason, detail: str) -> None:
+        if self.termination is None:
+            self.termination, self.termination_detail = reason, detail
+            self.ended.set()
+
+    def close(self) -> None:
+        """Forget the engine binding (the session's rows stay readable)."""
+        unbind = getattr(self._engine_root, "unbind", None)
+        if unbind is not None:
+            unbind(self.rollout)
+
+    # --- results --------------------------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[Message]:
+        """The chat view of the current row (the conversation as the agent last sent it, and the answer)."""
+        return self.row.messages if self.row is not None else []
+
+    def trajectory(
+        self,
+        task_id: str,
+        termination: TerminationReason,
+        detail: str | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        """The session as a Trajectory: the current row, with earlier forked rows in ``forked_rows``."""
+        gateway_info = {
+            "session": self.id,
+            "policy": self.policy.value,
+            "rows": len(self.rows) + (self.row is not None),
+            "dropped_rows": self.dropped_rows,
+            "drift": list(self.drift),
+        }
+        full_info = {"template": self.template.name, **(info or {}), "gateway": gateway_info}
+        rows = [*self.rows, self.row] if self.row is not None else []
+        built = [self._row_trajectory(row, task_id, termination, detail, full_info) for row in rows]
+        if not built:
+            return Trajectory(task_id, [], [], [], [], [], termination, detail, self._metrics([]), full_info)
+        main = built[-1]
+        main.forked_rows = built[:-1]
+        main.metrics = self._metrics(rows)
+        return main
+
+    def _row_trajectory(
+        self,
+        row: _Row,
+        task_id: str,
+        termination: TerminationReason,
+        detail: str | None,
+        info: Mapping[str, Any],
+    ) -> Trajectory:
+        buffer = row.buffer
+        return Trajectory(
+            task_id=task_id,
+            messages=list(row.messages),
+            token_ids=list(buffer.token_ids),
+            loss_mask=list(buffer.loss_mask),
+            logprobs=list(buffer.logprobs),
+            segments=list(buffer.segments),
+            termination=termination,
+            termination_detail=detail,
+            metrics=self._metrics([row]),
+            info=dict(info),
+        )
+
+    def _metrics(self, rows: Sequence[_Row]) -> dict[str, Any]:
+        segments = [segment for row in rows for segment in row.buffer.segments]
+        return {
+            "turns": sum(row.buffer.turn for row in rows),
+            "tool_calls": sum(row.tool_calls for row in rows),
+            "parse_errors": sum(len(segment.parse_errors) for segment in segments),
+            "generated_tokens": sum(sum(row.buffer.loss_mask) for row in rows),
+            "prompt_tokens": sum(row.buffer.segments[0].end for row in rows if row.buffer.segments),
+            "total_tokens": sum(len(row.buffer.token_ids) for row in rows),
+            "latency_s": time.perf_counter() - self.started,
+            "engine_s": self.engine_s,
+            "drift_events": len(self.drift),
+            **self.engine_counts,
+        }
+
+
+def _tool_block(keys: Sequence[tuple[Any, ...]], position: int) -> list[tuple[Any, ...]]:
+    """The run of tool messages around ``position`` (the results of one assistant turn)."""
+    start = position
+    while start > 0 and keys[start - 1][0] == "tool":
+        start -= 1
+    end = position
+    while end < len(keys) and keys[end][0] == "tool":
+        end += 1
+    return list(keys[start:end])
+
+
+def check_policy(value: str) -> DriftPolicy:
+    try:
+        return DriftPolicy(value)
+    except ValueError:
+        raise ConfigError(f"unknown drift policy {value!r}; use fork, reset or refuse") from None

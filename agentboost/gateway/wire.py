@@ -1,0 +1,83 @@
+"""What both wire formats share: text content, tool schemas, numeric fields, stop strings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from agentboost.gateway.session import GatewayError
+
+
+def bad_request(message: str, *, code: str | None = None) -> GatewayError:
+    return GatewayError(400, "invalid_request", message, code=code)
+
+
+def text_of_parts(content: Any, where: str) -> str:
+    """Message content as text: a string, or text parts (joined with newlines, as the provider does)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise bad_request(f"{where}: content parts of type {kind!r} are not supported; send text")
+        return "\n".join(texts)
+    raise bad_request(f"{where} must be text or a list of text parts")
+
+
+def tool_schema(name: Any, description: Any, parameters: Any, index: int) -> dict[str, Any]:
+    """One tool as the template and the parsers see it (the OpenAI function schema)."""
+    if not isinstance(name, str) or not name:
+        raise bad_request(f"tools[{index}] needs a non-empty 'name'")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise bad_request(f"tools[{index}]: the parameters must be a JSON schema object")
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description if isinstance(description, str) else "",
+            "parameters": dict(parameters)
+            if parameters is not None
+            else {"type": "object", "properties": {}},
+        },
+    }
+
+
+def positive_int_field(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def number_field(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise bad_request(f"{name} must be a finite number >= 0, got {value!r}")
+    if name == "top_p" and not 0 < value <= 1:
+        raise bad_request(f"top_p must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def stop_ids(stop: Any, tokenizer: Any, name: str) -> tuple[int, ...]:
+    """Stop strings as token ids: each must be exactly one token of the vocabulary."""
+    if stop is None:
+        return ()
+    if not isinstance(stop, list) or not all(isinstance(item, str) and item for item in stop):
+        raise bad_request(f"{name} must be a string or a list of non-empty strings")
+    ids = []
+    for text in stop:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise bad_request(
+                f"{name} {text!r} is {len(encoded)} tokens; the gateway stops on single tokens only",
+                code="unsupported_parameter",
+            )
+        ids.append(int(encoded[0]))
+    return tuple(ids)

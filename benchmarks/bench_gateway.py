@@ -1,0 +1,177 @@
+"""Gateway overhead per model call, and many concurrent sessions, against a zero-latency engine.
+
+1. Per-call cycle time (from one engine call to the next: tokenizing the new messages, the
+   request/response and the tool loop) at turns 10, 50 and 150 of one long tool-calling session,
+   through the Strands provider (``run_agent``) and through the gateway (a minimal aiohttp OpenAI
+   client on loopback). Rounds alternate between paths; the median round's p50 over the five turns
+   before each mark is printed, with the difference (the gateway's added cost per call).
+2. ``--sessions`` concurrent sessions (3 turns each) through one gateway: errors, wall time, and the
+   resident memory the open sessions hold, per session.
+
+    python benchmarks/bench_gateway.py [--turns 150] [--rounds 3] [--sessions 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import statistics
+import time
+
+import aiohttp
+from strands import tool
+
+from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.rollout import run_agent
+from agentboost.engines.base import SamplingParams
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.gateway.server import Gateway
+from agentboost.tokens.qwen import load_qwen3_tokenizer
+from agentboost.tokens.templates import tool_specs_to_openai
+
+MARKS = (10, 50, 150)
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+class Clock:
+    """A zero-latency scripted engine that timestamps every call."""
+
+    def __init__(self, tokenizer, turns: int) -> None:
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+        self.call_ids = [*tokenizer.encode(call, add_special_tokens=False), im_end]
+        self.answer_ids = [*tokenizer.encode("Answer: 3", add_special_tokens=False), im_end]
+        self.turns = turns
+        self.stamps: list[float] = []
+        self.engine = ScriptedEngine(self.script)
+
+    def script(self, _prompt, index):
+        self.stamps.append(time.perf_counter())
+        return self.call_ids if index < self.turns - 1 else self.answer_ids
+
+
+def p50_at_marks(stamps: list[float]) -> dict[int, float]:
+    cycles = [b - a for a, b in itertools.pairwise(stamps)]  # cycles[i]: call i -> call i+1
+    return {mark: statistics.median(cycles[mark - 6 : mark - 1]) for mark in MARKS if mark <= len(cycles) + 1}
+
+
+async def provider_round(tokenizer, turns: int) -> dict[int, float]:
+    clock = Clock(tokenizer, turns)
+    await run_agent(
+        clock.engine,
+        tokenizer,
+        "Add 1 and 2, again and again.",
+        tools=[add],
+        template="qwen3",
+        sampling=SamplingParams(temperature=0),
+        limits=RolloutLimits(max_turns=turns + 1, max_new_tokens=64),
+    )
+    return p50_at_marks(clock.stamps)
+
+
+async def gateway_round(tokenizer, turns: int) -> dict[int, float]:
+    clock = Clock(tokenizer, turns)
+    tools = tool_specs_to_openai([add.tool_spec])
+    async with Gateway(
+        clock.engine, tokenizer, template="qwen3", limits=RolloutLimits(max_turns=turns + 1)
+    ) as gateway:
+        gateway.open_session("bench")
+        url = f"{gateway.base_url('bench')}/chat/completions"
+        messages = [{"role": "user", "content": "Add 1 and 2, again and again."}]
+        async with aiohttp.ClientSession() as http:
+            for _ in range(turns):
+                async with http.post(url, json={"messages": messages, "tools": tools}) as response:
+                    message = (await response.json())["choices"][0]["message"]
+                messages.append(message)
+                for call in message.get("tool_calls") or ():
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": "3"})
+                if not message.get("tool_calls"):
+                    break
+    return p50_at_marks(clock.stamps)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def many_sessions(tokenizer, count: int) -> None:
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine([[*tokenizer.encode("ok", add_special_tokens=False), im_end]], cycle=True)
+    async with Gateway(engine, tokenizer, template="qwen3") as gateway:
+        for index in range(count):
+            gateway.open_session(f"s{index}")
+        gc.collect()
+        before = rss_bytes()
+        errors = 0
+
+        async def chat(http: aiohttp.ClientSession, name: str) -> None:
+            nonlocal errors
+            messages = []
+            for turn in range(3):
+                messages.append({"role": "user", "content": f"Turn {turn} of session {name}."})
+                async with http.post(
+                    f"{gateway.base_url(name)}/chat/completions", json={"messages": messages}
+                ) as response:
+                    if response.status != 200:
+                        errors += 1
+                        return
+                    messages.append((await response.json())["choices"][0]["message"])
+
+        started = time.perf_counter()
+        connector = aiohttp.TCPConnector(limit=256)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            await asyncio.gather(*(chat(http, f"s{index}") for index in range(count)))
+        wall = time.perf_counter() - started
+        gc.collect()
+        held = rss_bytes() - before
+        turns = sum(session.turns for session in gateway.sessions.values())
+        tokens = sum(
+            len(session.row.buffer.token_ids) for session in gateway.sessions.values() if session.row
+        )
+    print(
+        f"{count} concurrent sessions x 3 turns: {turns} turns, {errors} errors, {wall:.1f} s wall, "
+        f"{held / count / 1024:.1f} KiB resident per open session ({tokens / count:.0f} tokens each)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=1000)
+    args = parser.parse_args()
+    tokenizer = load_qwen3_tokenizer()
+    provider, gateway = [], []
+    for _ in range(args.rounds):
+        provider.append(asyncio.run(provider_round(tokenizer, args.turns)))
+        gateway.append(asyncio.run(gateway_round(tokenizer, args.turns)))
+    print("cycle time per model call, ms (median of rounds of the p50 over the 5 calls before the mark)")
+    print(f"{'turn':>6} {'provider':>10} {'gateway':>10} {'added':>10}")
+    for mark in MARKS:
+        if mark > args.turns:
+            continue
+        direct = statistics.median(r[mark] for r in provider) * 1e3
+        served = statistics.median(r[mark] for r in gateway) * 1e3
+        print(f"{mark:>6} {direct:>10.2f} {served:>10.2f} {served - direct:>+10.2f}")
+    if args.sessions:
+        asyncio.run(many_sessions(tokenizer, args.sessions))
+
+
+if __name__ == "__main__":
+    main()

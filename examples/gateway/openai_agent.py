@@ -1,0 +1,82 @@
+"""An ordinary OpenAI-SDK agent with a calculator tool. It knows nothing about agentboost.
+
+It reads its model endpoint the way every OpenAI client does (OPENAI_BASE_URL, OPENAI_API_KEY) and
+its task from AGENTBOOST_TASK (JSON with a "prompt"), prints its final answer and exits. Under
+`agentboost train examples/gateway/train.yaml` each rollout starts it once against its own gateway
+session; run by hand, it works against any OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import os
+
+from openai import OpenAI
+
+OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression such as (37 + 5) * 12.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "The expression."}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+
+
+def calculate(expression: str) -> str:
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.operand))
+        raise ValueError("only numbers and + - * / are allowed")
+
+    try:
+        result = value(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError) as error:
+        return f"Error: {error}"
+    return str(int(result) if float(result).is_integer() else result)
+
+
+def main() -> None:
+    task = json.loads(os.environ["AGENTBOOST_TASK"])
+    prompt = task["prompt"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    system = os.environ.get("AGENTBOOST_SYSTEM")
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    client = OpenAI(max_retries=0)
+    for _ in range(int(os.environ.get("AGENT_MAX_TURNS", "8"))):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            print(message.content)
+            return
+        for call in message.tool_calls:
+            try:
+                expression = json.loads(call.function.arguments).get("expression", "")
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+
+
+if __name__ == "__main__":
+    main()

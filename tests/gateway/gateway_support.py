@@ -1,0 +1,132 @@
+"""Shared pieces of the gateway tests: agents written against the stock SDKs, and a served gateway."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+from conftest import QUESTION, SYSTEM, add, multiply
+
+from agentboost.gateway.server import Gateway
+from agentboost.tokens.templates import tool_specs_to_openai
+
+OPENAI_TOOLS = tool_specs_to_openai([add.tool_spec, multiply.tool_spec])
+"""The calculator tools as an OpenAI client declares them (what Strands' OpenAIModel sends)."""
+ANTHROPIC_TOOLS = [
+    {
+        "name": tool["function"]["name"],
+        "description": tool["function"]["description"],
+        "input_schema": tool["function"]["parameters"],
+    }
+    for tool in OPENAI_TOOLS
+]
+IMPLEMENTATIONS = {"add": lambda a, b: a + b, "multiply": lambda a, b: a * b}
+
+
+async def openai_agent(
+    base_url: str, api_key: str, *, stream: bool = False, max_turns: int = 8
+) -> list[dict[str, Any]]:
+    """A plain OpenAI-SDK tool loop, as users write it. Returns the messages it ended with."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+    ]
+    try:
+        for _ in range(max_turns):
+            if stream:
+                message = await _streamed_message(client, messages)
+            else:
+                response = await client.chat.completions.create(
+                    model="policy", messages=messages, tools=OPENAI_TOOLS
+                )
+                message = response.choices[0].message.model_dump(exclude_none=True)
+            messages.append(message)
+            if not message.get("tool_calls"):
+                return messages
+            for call in message["tool_calls"]:
+                result = IMPLEMENTATIONS[call["function"]["name"]](
+                    **json.loads(call["function"]["arguments"])
+                )
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(result)})
+    finally:
+        await client.close()
+    return messages
+
+
+async def _streamed_message(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, tools=OPENAI_TOOLS, stream=True
+    )
+    content, calls = "", {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or ():
+                entry = calls.setdefault(
+                    call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                entry["function"]["name"] += call.function.name or ""
+                entry["function"]["arguments"] += call.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message
+
+
+async def anthropic_agent(
+    base_url: str, api_key: str, *, stream: bool = False, max_turns: int = 8
+) -> list[dict[str, Any]]:
+    """A plain Anthropic-SDK tool loop."""
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    try:
+        for _ in range(max_turns):
+            request = {
+                "model": "policy",
+                "max_tokens": 256,
+                "system": SYSTEM,
+                "messages": messages,
+                "tools": ANTHROPIC_TOOLS,
+            }
+            if stream:
+                async with client.messages.stream(**request) as events:
+                    reply = await events.get_final_message()
+            else:
+                reply = await client.messages.create(**request)
+            blocks = [block.model_dump(exclude_none=True) for block in reply.content]
+            messages.append({"role": "assistant", "content": blocks})
+            uses = [block for block in reply.content if block.type == "tool_use"]
+            if not uses:
+                return messages
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use.id,
+                            "content": str(IMPLEMENTATIONS[use.name](**use.input)),
+                        }
+                        for use in uses
+                    ],
+                }
+            )
+    finally:
+        await client.close()
+    return messages
+
+
+@asynccontextmanager
+async def serving(engine: Any, tokenizer: Any, **options: Any):
+    gateway = Gateway(engine, tokenizer, template=options.pop("template", "qwen3"), **options)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.aclose()
