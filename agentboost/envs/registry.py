@@ -19,6 +19,8 @@ _REGISTRY: dict[str, str] = {
     "math": "agentboost.envs.math_problems:MathEnvironment",
     "coding": "agentboost.envs.coding.environment:CodingEnvironment",
     "tau2": "agentboost.envs.tau2.environment:Tau2Environment",
+    "mcp": "agentboost.envs.mcp.environment:MCPEnvironment",
+    "aenv": "agentboost.envs.mcp.aenv:AEnvEnvironment",
 }
 
 
