@@ -28,13 +28,19 @@ DEFAULT_PRODUCTS = [
     {"sku": "S-3", "name": "sprocket", "price": 0.75, "stock": 120},
 ]
 
-app = MCPServer("store", instructions="A shop's inventory: products, stock, prices and orders.", log_level="ERROR")
+app = MCPServer(
+    "store", instructions="A shop's inventory: products, stock, prices and orders.", log_level="ERROR"
+)
 _databases: dict[str, sqlite3.Connection] = {}
 
 
 def _episode(ctx: Context) -> str:
     meta = ctx.request_context.meta or {}
-    episode = meta.get("agentboost/episode") if isinstance(meta, dict) else getattr(meta, "agentboost/episode", None)
+    episode = (
+        meta.get("agentboost/episode")
+        if isinstance(meta, dict)
+        else getattr(meta, "agentboost/episode", None)
+    )
     return str(episode or "default")
 
 

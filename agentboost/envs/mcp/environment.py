@@ -65,11 +65,15 @@ class MCPEpisode(Episode):
             return self.connections[server]
         owners = [connection for connection in self.connections.values() if tool in connection.mcp_tools]
         if not owners:
-            offered = sorted(name for connection in self.connections.values() for name in connection.mcp_tools)
+            offered = sorted(
+                name for connection in self.connections.values() for name in connection.mcp_tools
+            )
             raise EnvironmentStepError(f"no MCP server offers the tool {tool!r}; offered: {offered}")
         return owners[0]
 
-    async def call_tool(self, tool: str, arguments: Mapping[str, Any] | None = None, server: str | None = None) -> str:
+    async def call_tool(
+        self, tool: str, arguments: Mapping[str, Any] | None = None, server: str | None = None
+    ) -> str:
         """Call any tool of this episode's servers (hidden ones included), e.g. from a Python reward."""
         return await self.server_of(tool, server).call_hidden(tool, arguments)
 
@@ -93,7 +97,9 @@ class MCPEnvironment(Environment):
         parser: str = "hermes",
     ) -> None:
         if isinstance(servers, Mapping) or not isinstance(servers, list) or not servers:
-            raise ConfigError("'servers' must be a non-empty list of MCP server objects (name + command or url)")
+            raise ConfigError(
+                "'servers' must be a non-empty list of MCP server objects (name + command or url)"
+            )
         self.servers = [ServerSpec.from_dict(server) for server in servers]
         names = [server.name for server in self.servers]
         if len(set(names)) != len(names):
@@ -119,7 +125,9 @@ class MCPEnvironment(Environment):
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         """The tasks of ``split``: one file serves every split; a mapping names a file per split."""
         if self.task_files is None:
-            raise ConfigError("this MCP environment has no tasks: pass 'tasks' (a JSONL file of task objects)")
+            raise ConfigError(
+                "this MCP environment has no tasks: pass 'tasks' (a JSONL file of task objects)"
+            )
         if split not in self._tasks:
             if isinstance(self.task_files, Mapping):
                 if split not in self.task_files:
@@ -138,7 +146,9 @@ class MCPEnvironment(Environment):
         await self.connect(episode)
         if self.reset_tool:
             connection = episode.server_of(self.reset_tool)
-            await connection.call_hidden(self.reset_tool, self.arguments(connection, self.reset_tool, episode))
+            await connection.call_hidden(
+                self.reset_tool, self.arguments(connection, self.reset_tool, episode)
+            )
         return episode
 
     async def connect(self, episode: MCPEpisode) -> None:
@@ -186,12 +196,16 @@ class MCPEnvironment(Environment):
                     self.release_tool, self.arguments(connection, self.release_tool, episode)
                 )
         except Exception as error:
-            logger.warning("MCP release tool %r failed for task %r: %s", self.release_tool, episode.task.id, error)
+            logger.warning(
+                "MCP release tool %r failed for task %r: %s", self.release_tool, episode.task.id, error
+            )
         finally:
             await _close_all(episode)
 
     @staticmethod
-    def arguments(connection: EpisodeConnection, tool: str, episode: MCPEpisode, **extra: Any) -> dict[str, Any]:
+    def arguments(
+        connection: EpisodeConnection, tool: str, episode: MCPEpisode, **extra: Any
+    ) -> dict[str, Any]:
         """The offered arguments a hidden tool declares in its input schema."""
         offered = {
             "task_id": episode.task.id,
@@ -240,15 +254,23 @@ def parse_reward_value(text: str, source: str) -> float | Reward:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise EnvironmentStepError(f"the reward from {source} is not a number or JSON: {text[:200]!r}") from error
+        raise EnvironmentStepError(
+            f"the reward from {source} is not a number or JSON: {text[:200]!r}"
+        ) from error
     if isinstance(value, Mapping) and "reward" in value:
-        return Reward(float(value["reward"]), dict(value.get("breakdown") or {}), dict(value.get("info") or {}))
+        return Reward(
+            float(value["reward"]), dict(value.get("breakdown") or {}), dict(value.get("info") or {})
+        )
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    raise EnvironmentStepError(f"the reward from {source} must be a number or {{\"reward\": x}}, got {text[:200]!r}")
+    raise EnvironmentStepError(
+        f'the reward from {source} must be a number or {{"reward": x}}, got {text[:200]!r}'
+    )
 
 
-async def _endpoint_reward(url: str, timeout_s: float, trajectory: Trajectory, episode: MCPEpisode) -> float | Reward:
+async def _endpoint_reward(
+    url: str, timeout_s: float, trajectory: Trajectory, episode: MCPEpisode
+) -> float | Reward:
     import httpx
 
     body = {
@@ -260,7 +282,9 @@ async def _endpoint_reward(url: str, timeout_s: float, trajectory: Trajectory, e
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         response = await client.post(url, json=body)
     if response.status_code != 200:
-        raise EnvironmentStepError(f"reward endpoint {url} answered {response.status_code}: {response.text[:200]}")
+        raise EnvironmentStepError(
+            f"reward endpoint {url} answered {response.status_code}: {response.text[:200]}"
+        )
     return parse_reward_value(response.text, url)
 
 

@@ -74,7 +74,9 @@ class ServerSpec:
         known = {field_name for field_name in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"MCP server {data.get('name')!r} has unknown keys {unknown}; known: {sorted(known)}")
+            raise ConfigError(
+                f"MCP server {data.get('name')!r} has unknown keys {unknown}; known: {sorted(known)}"
+            )
         name = data.get("name")
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(f"an MCP server needs a 'name' made of letters, digits and _, got {name!r}")
@@ -111,7 +113,9 @@ class ServerSpec:
         meta = {EPISODE_META_KEY: episode_id}
         if self.url is not None:
             headers = {**self.headers, EPISODE_HEADER: episode_id}
-            return _RecordingClient(url=self.url, headers=headers, startup_timeout=self.startup_timeout_s, meta=meta)
+            return _RecordingClient(
+                url=self.url, headers=headers, startup_timeout=self.startup_timeout_s, meta=meta
+            )
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
@@ -281,11 +285,17 @@ class EpisodeConnection:
         started = time.perf_counter()
         try:
             raw = await self.client.call_tool_async(
-                tool_use_id, name, dict(arguments or {}), read_timeout_seconds=timedelta(seconds=self.spec.timeout_s)
+                tool_use_id,
+                name,
+                dict(arguments or {}),
+                read_timeout_seconds=timedelta(seconds=self.spec.timeout_s),
             )
             failure = self.client.failures.pop(tool_use_id, None)
         except Exception as error:  # the session is no longer running
-            raw, failure = {"status": "error", "content": [{"text": f"Tool execution failed: {error}"}]}, error
+            raw, failure = (
+                {"status": "error", "content": [{"text": f"Tool execution failed: {error}"}]},
+                error,
+            )
         if failure is None:
             outcome = "tool_error" if raw.get("status") == "error" else "ok"
             text = result_text(raw.get("content") or [])
@@ -323,7 +333,10 @@ class EpisodeConnection:
             )
         tool_use_id = f"agentboost-{name}-{time.monotonic_ns()}"
         raw = await self.client.call_tool_async(
-            tool_use_id, name, dict(arguments or {}), read_timeout_seconds=timedelta(seconds=self.spec.timeout_s)
+            tool_use_id,
+            name,
+            dict(arguments or {}),
+            read_timeout_seconds=timedelta(seconds=self.spec.timeout_s),
         )
         failure = self.client.failures.pop(tool_use_id, None)
         text = result_text(raw.get("content") or [])
