@@ -16,62 +16,42 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
+import sys
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-DEFAULT_PRODUCTS = [
-    {"sku": "W-1", "name": "widget", "price": 2.5, "stock": 10},
-    {"sku": "G-2", "name": "gadget", "price": 12.0, "stock": 4},
-    {"sku": "S-3", "name": "sprocket", "price": 0.75, "stock": 120},
-]
+sys.path.insert(0, str(Path(__file__).parent))
+from store import Store, StoreError
 
 app = MCPServer(
     "store", instructions="A shop's inventory: products, stock, prices and orders.", log_level="ERROR"
 )
-_databases: dict[str, sqlite3.Connection] = {}
+_stores: dict[str, Store] = {}
 
 
 def _episode(ctx: Context) -> str:
     meta = ctx.request_context.meta or {}
-    episode = (
-        meta.get("agentboost/episode")
-        if isinstance(meta, dict)
-        else getattr(meta, "agentboost/episode", None)
-    )
-    return str(episode or "default")
+    return str(meta.get("agentboost/episode") or "default")
 
 
-def _database(ctx: Context) -> sqlite3.Connection:
-    episode = _episode(ctx)
-    if episode not in _databases:
-        _databases[episode] = _seeded(DEFAULT_PRODUCTS)
-    return _databases[episode]
+def _store(ctx: Context) -> Store:
+    return _stores.setdefault(_episode(ctx), Store())
 
 
-def _seeded(products: list[dict[str, Any]]) -> sqlite3.Connection:
-    database = sqlite3.connect(":memory:", check_same_thread=False)
-    database.execute("CREATE TABLE products (sku TEXT PRIMARY KEY, name TEXT, price REAL, stock INTEGER)")
-    database.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT, quantity INTEGER)")
-    database.executemany("INSERT INTO products VALUES (:sku, :name, :price, :stock)", products)
-    return database
-
-
-def _product(database: sqlite3.Connection, sku: str) -> tuple[str, str, float, int]:
-    row = database.execute("SELECT sku, name, price, stock FROM products WHERE sku = ?", (sku,)).fetchone()
-    if row is None:
-        skus = [r[0] for r in database.execute("SELECT sku FROM products ORDER BY sku")]
-        raise ToolError(f"no product with sku {sku!r}; skus: {', '.join(skus)}")
-    return row
+def _run(action, *args: Any) -> str:
+    try:
+        return action(*args)
+    except StoreError as error:
+        raise ToolError(str(error)) from None  # the model reads the sentence
 
 
 @app.tool()
 def list_products(ctx: Context) -> str:
     """List every product with its sku, name, price and units in stock."""
-    rows = _database(ctx).execute("SELECT sku, name, price, stock FROM products ORDER BY sku").fetchall()
-    return json.dumps([{"sku": s, "name": n, "price": p, "stock": q} for s, n, p, q in rows])
+    return _store(ctx).list_products()
 
 
 @app.tool()
@@ -82,12 +62,7 @@ def restock(sku: str, quantity: int, ctx: Context) -> str:
         sku: The product's sku, e.g. W-1.
         quantity: How many units arrive (positive).
     """
-    if quantity <= 0:
-        raise ToolError("quantity must be positive")
-    database = _database(ctx)
-    _product(database, sku)
-    database.execute("UPDATE products SET stock = stock + ? WHERE sku = ?", (quantity, sku))
-    return f"{sku} now has {_product(database, sku)[3]} units in stock"
+    return _run(_store(ctx).restock, sku, quantity)
 
 
 @app.tool()
@@ -98,12 +73,7 @@ def set_price(sku: str, price: float, ctx: Context) -> str:
         sku: The product's sku, e.g. G-2.
         price: The new price (positive).
     """
-    if price <= 0:
-        raise ToolError("price must be positive")
-    database = _database(ctx)
-    _product(database, sku)
-    database.execute("UPDATE products SET price = ? WHERE sku = ?", (price, sku))
-    return f"{sku} now costs {price}"
+    return _run(_store(ctx).set_price, sku, price)
 
 
 @app.tool()
@@ -114,13 +84,7 @@ def place_order(sku: str, quantity: int, ctx: Context) -> str:
         sku: The product's sku, e.g. S-3.
         quantity: How many units to sell (positive, at most the stock).
     """
-    database = _database(ctx)
-    stock = _product(database, sku)[3]
-    if not 0 < quantity <= stock:
-        raise ToolError(f"cannot sell {quantity} units of {sku}: {stock} in stock")
-    database.execute("UPDATE products SET stock = stock - ? WHERE sku = ?", (quantity, sku))
-    order = database.execute("INSERT INTO orders (sku, quantity) VALUES (?, ?)", (sku, quantity)).lastrowid
-    return f"order {order}: {quantity} x {sku}; {stock - quantity} left"
+    return _run(_store(ctx).place_order, sku, quantity)
 
 
 # --- hidden: the environment's lifecycle and reward ------------------------------------------------
@@ -129,33 +93,20 @@ def place_order(sku: str, quantity: int, ctx: Context) -> str:
 @app.tool()
 def start_task(metadata: dict[str, Any], ctx: Context) -> str:
     """(environment only) Give this episode a fresh database seeded from the task's products."""
-    _databases[_episode(ctx)] = _seeded(metadata.get("products") or DEFAULT_PRODUCTS)
+    _stores[_episode(ctx)] = Store(metadata.get("products"))
     return "ready"
 
 
 @app.tool()
 def check_task(metadata: dict[str, Any], ctx: Context) -> str:
-    """(environment only) The reward: the share of the task's expected facts the final state meets."""
-    database = _database(ctx)
-    expected = metadata.get("expected") or {}
-    checks: dict[str, float] = {}
-    for sku, stock in (expected.get("stock") or {}).items():
-        row = database.execute("SELECT stock FROM products WHERE sku = ?", (sku,)).fetchone()
-        checks[f"stock:{sku}"] = float(row is not None and row[0] == stock)
-    for sku, price in (expected.get("price") or {}).items():
-        row = database.execute("SELECT price FROM products WHERE sku = ?", (sku,)).fetchone()
-        checks[f"price:{sku}"] = float(row is not None and abs(row[0] - price) < 1e-9)
-    if "orders" in expected:
-        count = database.execute("SELECT COUNT(*) FROM orders").fetchone()[0]
-        checks["orders"] = float(count == expected["orders"])
-    reward = float(all(checks.values())) if checks else 0.0
-    return json.dumps({"reward": reward, "breakdown": checks})
+    """(environment only) The reward: 1.0 when the final state meets every expected fact of the task."""
+    return json.dumps(_store(ctx).check(metadata.get("expected") or {}))
 
 
 @app.tool()
 def end_task(ctx: Context) -> str:
     """(environment only) Drop this episode's database."""
-    _databases.pop(_episode(ctx), None)
+    _stores.pop(_episode(ctx), None)
     return "released"
 
 
