@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_sft_command(commands)
     register_verl_commands(commands)
     register_eval_commands(commands)
+    from agentboost.envs.mcp.serve import register_commands as register_mcp_commands
+
+    register_mcp_commands(commands)
     return parser
 
 

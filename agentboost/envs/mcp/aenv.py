@@ -46,7 +46,7 @@ import httpx
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.envs.base import Environment, Episode, Reward
-from agentboost.envs.mcp.environment import MCPEpisode, parse_reward_value, read_task_file
+from agentboost.envs.mcp.environment import MCPEpisode, parse_reward_value, split_tasks
 from agentboost.envs.mcp.servers import _LIFECYCLE, EpisodeConnection, ServerSpec
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, EnvironmentStepError
@@ -316,17 +316,7 @@ class AEnvEnvironment(Environment):
         self._pool = _Pool(make, max_servers)
 
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
-        if self.task_files is None:
-            raise ConfigError("this AEnvironment environment has no tasks: pass 'tasks' (a JSONL file)")
-        if split not in self._tasks:
-            if isinstance(self.task_files, Mapping):
-                if split not in self.task_files:
-                    raise ConfigError(f"no {split!r} split in 'tasks'; it has {', '.join(self.task_files)}")
-                self._tasks[split] = read_task_file(self.task_files[split])
-            else:
-                self._tasks[split] = read_task_file(self.task_files)
-        tasks = self._tasks[split]
-        return tasks[: n if n is not None else len(tasks)]
+        return split_tasks(self.task_files, self._tasks, split)[:n]
 
     async def reset(self, task: Task, *, sample: int = 0) -> MCPEpisode:
         episode = MCPEpisode(task, sample)

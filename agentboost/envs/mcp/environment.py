@@ -46,7 +46,7 @@ from agentboost.tokens.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MCPEnvironment", "MCPEpisode", "parse_reward", "read_task_file"]
+__all__ = ["MCPEnvironment", "MCPEpisode", "parse_reward", "read_task_file", "split_tasks"]
 
 
 class MCPEpisode(Episode):
@@ -124,19 +124,7 @@ class MCPEnvironment(Environment):
 
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
         """The tasks of ``split``: one file serves every split; a mapping names a file per split."""
-        if self.task_files is None:
-            raise ConfigError(
-                "this MCP environment has no tasks: pass 'tasks' (a JSONL file of task objects)"
-            )
-        if split not in self._tasks:
-            if isinstance(self.task_files, Mapping):
-                if split not in self.task_files:
-                    raise ConfigError(f"no {split!r} split in 'tasks'; it has {', '.join(self.task_files)}")
-                self._tasks[split] = read_task_file(self.task_files[split])
-            else:
-                self._tasks[split] = read_task_file(self.task_files)
-        tasks = self._tasks[split]
-        return tasks[: n if n is not None else len(tasks)]
+        return split_tasks(self.task_files, self._tasks, split)[:n]
 
     # --- one episode ----------------------------------------------------------------------------
 
@@ -286,6 +274,22 @@ async def _endpoint_reward(
             f"reward endpoint {url} answered {response.status_code}: {response.text[:200]}"
         )
     return parse_reward_value(response.text, url)
+
+
+def split_tasks(
+    files: str | Mapping[str, str] | None, cache: dict[str, list[Task]], split: str
+) -> list[Task]:
+    """The tasks of ``split`` from ``files`` (one file for every split, or a file per split), read once."""
+    if files is None:
+        raise ConfigError("this environment has no tasks: pass 'tasks' (a JSONL file of task objects)")
+    if split not in cache:
+        if isinstance(files, Mapping):
+            if split not in files:
+                raise ConfigError(f"no {split!r} split in 'tasks'; it has {', '.join(files)}")
+            cache[split] = read_task_file(files[split])
+        else:
+            cache[split] = read_task_file(files)
+    return cache[split]
 
 
 def read_task_file(path: str | os.PathLike[str]) -> list[Task]:
