@@ -81,3 +81,16 @@ def test_mcp_rollouts_in_worker_processes(tokenizer_dir, qwen_tokenizer, say, tm
     (listed,) = [m for m in results["price-gadget"].trajectory.messages if m["role"] == "tool"]
     assert listed["metadata"]["server"] == "store" and '"sku": "G-2"' in listed["content"]
     assert descendants() - before == set()  # workers and their per-episode servers are gone
+
+
+def test_verl_rows_rebuild_the_mcp_environment(tmp_path):
+    import pyarrow.parquet as pq
+
+    from agentboost.integrations.verl.data import read_row, write_verl_dataset
+
+    path, count = write_verl_dataset("mcp", tmp_path / "train.parquet", environment_kwargs=KWARGS, n=2)
+    rows = pq.read_table(path).to_pylist()
+    assert count == len(rows) == 2
+    row = read_row(rows[1])
+    rebuilt = make_environment(row.environment, row.environment_kwargs)
+    assert row.environment.endswith(":MCPEnvironment") and rebuilt.tasks()[1].to_dict() == row.task
