@@ -324,7 +324,18 @@ class AEnvEnvironment(Environment):
         server = await self._pool.lease()
         episode.state["aenv_server"] = server
         episode.state["healthy"] = False
-        episode.state["http"] = client = httpx.AsyncClient(timeout=self.tool_timeout_s)
+        episode.state["http"] = httpx.AsyncClient(timeout=self.tool_timeout_s)
+        try:
+            await self._begin(episode, server)
+        except BaseException:  # a failed reset gets no cleanup call: release here
+            await asyncio.shield(self.cleanup(episode))
+            raise
+        episode.state["healthy"] = True
+        return episode
+
+    async def _begin(self, episode: MCPEpisode, server: AEnvServer) -> None:
+        """Health (a new server), task selection (the reset function), then the MCP connection."""
+        client, task = episode.state["http"], episode.task
         if not server.checked:
             await server.check(client)
         if self.reset_function:
@@ -341,8 +352,6 @@ class AEnvEnvironment(Environment):
         connection = EpisodeConnection(spec, episode.id, episode)
         episode.connections["aenv"] = connection
         await connection.open()
-        episode.state["healthy"] = True
-        return episode
 
     def tools(self, episode: Episode) -> list[Any]:
         assert isinstance(episode, MCPEpisode)

@@ -133,10 +133,13 @@ class MCPEnvironment(Environment):
         episode.info["mcp_episode"] = episode.id
         await self.connect(episode)
         if self.reset_tool:
-            connection = episode.server_of(self.reset_tool)
-            await connection.call_hidden(
-                self.reset_tool, self.arguments(connection, self.reset_tool, episode)
-            )
+            try:  # a failed reset gets no cleanup call: close here
+                connection = episode.server_of(self.reset_tool)
+                arguments = self.arguments(connection, self.reset_tool, episode)
+                await connection.call_hidden(self.reset_tool, arguments)
+            except BaseException:
+                await asyncio.shield(_close_all(episode))
+                raise
         return episode
 
     async def connect(self, episode: MCPEpisode) -> None:

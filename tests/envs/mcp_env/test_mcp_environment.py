@@ -245,3 +245,14 @@ def test_tasks_come_from_jsonl_files_and_bad_configuration_is_refused(tmp_path):
         make_environment("mcp", {"servers": [stdio(FAULT_SERVER)]})
     with pytest.raises(ConfigError, match="unknown keys"):
         environment({**stdio(FAULT_SERVER), "comand": ["x"]})
+
+
+def test_a_failed_reset_tool_is_env_error_and_releases_the_server(say, qwen_tokenizer):
+    before = descendants()
+    result = rollout(environment(stdio(FAULT_SERVER), reset_tool="refuse"), say, qwen_tokenizer, ["unused"])
+    assert result.termination is TerminationReason.ENV_ERROR
+    assert "MCP tool tools.refuse failed" in result.trajectory.termination_detail
+    deadline = time.monotonic() + 10
+    while descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert descendants() - before == set()
