@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -123,3 +124,29 @@ def test_bad_configuration_is_refused(tmp_path):
         make_environment("aenv", {})
     with pytest.raises(ConfigError, match="AGENTBOOST_AENV_PYTHON"):
         make_environment("aenv", {"directory": str(DIRECTORY), "python": str(tmp_path / "nope")})
+
+
+def test_a_built_in_environment_packaged_as_an_aenvironment_directory(tmp_path, say, qwen_tokenizer):
+    """examples/mcp/aenv_arithmetic serves agentboost's arithmetic environment through aenv.main."""
+    probe = subprocess.run(
+        [PYTHON, "-c", "import agentboost.envs.mcp.serve"], capture_output=True, check=False
+    )
+    if probe.returncode and os.environ.get("AGENTBOOST_REQUIRE_AENV") != "1":
+        pytest.skip("the AEnvironment venv cannot import agentboost (see .ci/run for its install)")
+    from agentboost.envs.arithmetic import generate_tasks
+
+    tasks = generate_tasks(2)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(task.to_dict()) + "\n" for task in tasks))
+    env = environment(directory=str(DIRECTORY.parent / "aenv_arithmetic"), tasks=str(path), first_address=50)
+    task = tasks[1]
+    call = json.dumps({"name": "calculator", "arguments": {"expression": task.metadata["expression"]}})
+    engine = ScriptedEngine([say(f"<tool_call>\n{call}\n</tool_call>"), say(f"Answer: {task.ground_truth}")])
+    try:
+        result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    finally:
+        env.close()
+    assert result.termination is TerminationReason.COMPLETED, result.trajectory.termination_detail
+    (tool,) = [m for m in result.trajectory.messages if m["role"] == "tool"]
+    assert tool["content"] == str(task.ground_truth)
+    assert result.reward == 1.0  # the arithmetic environment's own reward, computed inside the aenv server
