@@ -78,7 +78,9 @@ class AEnvServer:
     @classmethod
     def start(cls, python: str, directory: Path, host: str, port: int, timeout_s: float) -> AEnvServer:
         """Start ``python -m aenv.main DIRECTORY`` on ``host:port`` and wait until its routes answer."""
-        log = Path(tempfile.mkstemp(prefix=f"aenv-{host}-", suffix=".log")[1])
+        descriptor, name = tempfile.mkstemp(prefix=f"aenv-{host}-", suffix=".log")
+        os.close(descriptor)
+        log = Path(name)
         with log.open("wb") as output:
             process = subprocess.Popen(
                 [
@@ -214,9 +216,7 @@ class _Pool:
         try:
             server = await asyncio.shield(future)
         except asyncio.CancelledError:
-            future.add_done_callback(
-                lambda done: done.exception() or self.give_back(done.result(), healthy=True)
-            )
+            future.add_done_callback(self._settle)  # the start goes on in its thread: pool what it makes
             raise
         except BaseException:
             with self._lock:
@@ -226,6 +226,13 @@ class _Pool:
             self._starting -= 1
             self._all.append(server)
         return server
+
+    def _settle(self, started: asyncio.Future) -> None:
+        if started.exception() is None:
+            self.give_back(started.result(), healthy=True)
+        else:
+            with self._lock:
+                self._starting -= 1
 
     def give_back(self, server: AEnvServer, *, healthy: bool) -> None:
         with self._lock:

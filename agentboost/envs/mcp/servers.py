@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from typing import Any
 from strands.tools.mcp import MCPClient
 from strands.tools.mcp.mcp_agent_tool import MCPAgentTool
 from strands.types._events import ToolResultEvent
+from strands.types.exceptions import MCPClientInitializationError
 
 from agentboost.errors import ConfigError, EnvironmentStepError
 from agentboost.tokens.trajectory import TerminationReason
@@ -174,7 +176,7 @@ def _is_connection_lost(error: BaseException) -> bool:
             return True
         if isinstance(current, RuntimeError) and "closed" in str(current).lower():
             return True
-        if type(current).__name__ == "MCPClientInitializationError":
+        if isinstance(current, MCPClientInitializationError):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -191,8 +193,6 @@ def result_text(content: Sequence[Mapping[str, Any]]) -> str:
         if "text" in block:
             parts.append(block["text"])
         elif "json" in block:
-            import json
-
             parts.append(json.dumps(block["json"], ensure_ascii=False))
         else:
             kind = next(iter(block), "unknown")
