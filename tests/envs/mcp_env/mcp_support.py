@@ -15,6 +15,15 @@ import httpx
 HERE = Path(__file__).parent
 FAULT_SERVER = HERE / "fault_server.py"
 STORE_SERVER = HERE.parents[2] / "examples" / "mcp" / "store_server.py"
+STORE_KWARGS = {
+    "servers": [{"name": "store", "command": [sys.executable, str(STORE_SERVER)]}],
+    "tasks": str(STORE_SERVER.parent / "tasks_train.jsonl"),
+    "reset_tool": "start_task",
+    "release_tool": "end_task",
+    "reward": {"tool": "check_task"},
+    "template": "qwen3",
+}
+"""The example's shop over stdio, as JSON environment kwargs."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

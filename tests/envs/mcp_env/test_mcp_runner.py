@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 
 import pytest
 from conftest import run
-from mcp_support import STORE_SERVER, descendants
+from mcp_support import STORE_KWARGS as KWARGS
+from mcp_support import descendants
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.engines.server import start_server
@@ -18,16 +18,6 @@ from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, plan_jobs, run_jobs
 from agentboost.rollout.workers import WorkerPool, WorkerSpec
 from agentboost.tokens.trajectory import TerminationReason
-
-EXAMPLE = STORE_SERVER.parent
-KWARGS = {
-    "servers": [{"name": "store", "command": [sys.executable, str(STORE_SERVER)]}],
-    "tasks": str(EXAMPLE / "tasks_train.jsonl"),
-    "reset_tool": "start_task",
-    "release_tool": "end_task",
-    "reward": {"tool": "check_task"},
-    "template": "qwen3",
-}
 
 
 def restocker(qwen_tokenizer, say):

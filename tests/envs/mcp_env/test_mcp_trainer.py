@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import tiny_qwen3
-from mcp_support import descendants
-from test_mcp_runner import KWARGS
+from mcp_support import STORE_KWARGS, descendants
 
 from agentboost.rollout.results import read_results
 from agentboost.train.config import config_from_dict
@@ -21,7 +20,7 @@ def test_a_training_step_on_an_mcp_environment(qwen_tokenizer, tmp_path):
     config = config_from_dict(
         {
             "model": {"name_or_path": str(model_dir)},
-            "environment": {"name": "mcp", "kwargs": KWARGS, "train_tasks": 8},
+            "environment": {"name": "mcp", "kwargs": STORE_KWARGS, "train_tasks": 8},
             "rollout": {"tasks_per_step": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 8},
             "eval": {"every": 0},
             "checkpoint": {"every": 1, "save_final_model": False},
