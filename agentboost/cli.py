@@ -199,9 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     register_verl_commands(commands)
     register_eval_commands(commands)
 
+    from agentboost.envs.mcp.serve import register_commands as register_mcp_commands
     from agentboost.gateway.command import register_gateway_command
 
     register_gateway_command(commands)
+    register_mcp_commands(commands)
     return parser
 
 

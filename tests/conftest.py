@@ -117,9 +117,14 @@ def memorized_qwen3(scripted_trajectory, tmp_path_factory) -> Path:
     The loss covers only the assistant tokens, so the model really generates the calls during the
     rollout tests: real sampling, real KV cache, real multi-turn tool use.
     """
+    return memorize(scripted_trajectory, tmp_path_factory.mktemp("memorized-qwen3"))
+
+
+def memorize(trajectory, directory: Path) -> Path:
+    """Train a tiny random Qwen3 until greedy decoding reproduces ``trajectory``'s generated tokens."""
     model = tiny_qwen3(seed=1, hidden=64)
-    ids = torch.tensor([scripted_trajectory.token_ids])
-    mask = torch.tensor(scripted_trajectory.loss_mask, dtype=torch.bool)
+    ids = torch.tensor([trajectory.token_ids])
+    mask = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
     targets_at = mask[1:].nonzero().squeeze(1)  # predict token t+1 from position t
     targets = ids[0, 1:][targets_at]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -140,6 +145,5 @@ def memorized_qwen3(scripted_trajectory, tmp_path_factory) -> Path:
             break
     assert margin > 1.0, f"the tiny model did not memorise the script (margin {margin:.3f})"
     model.eval()
-    directory = tmp_path_factory.mktemp("memorized-qwen3")
     model.save_pretrained(directory)
     return directory

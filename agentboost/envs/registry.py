@@ -22,6 +22,8 @@ _REGISTRY: dict[str, str] = {
     "coding": "agentboost.envs.coding.environment:CodingEnvironment",
     "tau2": "agentboost.envs.tau2.environment:Tau2Environment",
     "gateway": "agentboost.gateway.environment:GatewayEnvironment",
+    "mcp": "agentboost.envs.mcp.environment:MCPEnvironment",
+    "aenv": "agentboost.envs.mcp.aenv:AEnvEnvironment",
 }
 
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Roll out and train an agent on an MCP environment: a real MCP server (examples/mcp/store_server.py, a
+# shop's inventory in SQLite, one database per episode) and tasks whose reward checks the final state.
+# Then the same tasks through the AEnvironment adapter (examples/mcp/aenv_store/, served by
+# `python -m aenv.main` from its own virtual environment, AGENTBOOST_AENV_PYTHON).
+#
+#   bash examples/mcp/train.sh
+#
+# Offline; a few minutes on 2 CPU cores. Writes runs/mcp-store/ and runs/mcp-*.jsonl (docs/mcp.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+STDIO='{"name": "store", "command": ["python", "examples/mcp/store_server.py"]}'
+ENV_KWARGS='{"servers": ['"$STDIO"'], "tasks": {"train": "examples/mcp/tasks_train.jsonl", "test": "examples/mcp/tasks_test.jsonl"},
+  "system_prompt": "You manage a shop inventory with the tools list_products, restock, set_price and place_order.",
+  "reset_tool": "start_task", "reward": {"tool": "check_task"}, "release_tool": "end_task"}'
+RUN=(--max-turns 4 --max-new-tokens 64 --temperature 0 --fresh)
+
+agentboost pull                                                    # the embedded default model
+# 1. roll out over stdio: one server process per episode
+agentboost rollout --env mcp --env-kwargs "$ENV_KWARGS" -n 4 "${RUN[@]}" --out runs/mcp-stdio.jsonl
+
+# 2. the same server over streamable HTTP: one shared process, one database per episode id
+PORT=8765
+python examples/mcp/store_server.py --http "127.0.0.1:$PORT" >/dev/null 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$PORT/mcp" && break; sleep 0.2; done
+HTTP_KWARGS="${ENV_KWARGS/$STDIO/{\"name\": \"store\", \"url\": \"http://127.0.0.1:$PORT/mcp\"\}}"
+agentboost rollout --env mcp --env-kwargs "$HTTP_KWARGS" -n 4 "${RUN[@]}" --out runs/mcp-http.jsonl
+
+# 3. train (GRPO, 2 small steps) on the stdio environment
+agentboost train examples/mcp/train.yaml
+
+# 4. the same tasks through the AEnvironment adapter (the aenv server runs in its own venv)
+AENV_PYTHON="${AGENTBOOST_AENV_PYTHON:-/work/venvs/aenv/bin/python}"
+if [ -x "$AENV_PYTHON" ]; then
+    AENV_KWARGS='{"directory": "examples/mcp/aenv_store", "python": "'"$AENV_PYTHON"'",
+      "tasks": "examples/mcp/tasks_test.jsonl", "reset_function": "start_task"}'
+    agentboost rollout --env aenv --env-kwargs "$AENV_KWARGS" -n 4 "${RUN[@]}" --out runs/mcp-aenv.jsonl
+else
+    echo "skipping the AEnvironment run: no $AENV_PYTHON (python3 -m venv V && V/bin/pip install aenvironment==0.1.7;"
+    echo "then AGENTBOOST_AENV_PYTHON=V/bin/python)"
+fi
