@@ -10,8 +10,7 @@ import os
 import sys
 from typing import NoReturn
 
-from agentboost.cli_args import add_run_arguments, count, engine_options, run_identity
-from agentboost.engines.models import DEFAULT_MODEL
+from agentboost.cli_args import count
 from agentboost.errors import AgentBoostError, ConfigError
 
 
@@ -23,90 +22,20 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 async def _rollouts(args: argparse.Namespace) -> int:
-    # the servers first: a wrong --url fails in about a second, before the agent stack is imported
-    from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import check_engine_args
+    from agentboost.rollout.run import prepare_run, run_rollouts_async
+    from agentboost.rollout.spec import RunSpec
 
-    args.server_facts = await check_engine_args(
-        args.engine,
-        model=args.model,
-        urls=args.url,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
-        options=engine_options(args),
+    run = await prepare_run(
+        RunSpec.from_args(args), say=lambda line: print(f"agentboost: {line}", file=sys.stderr)
     )
-    from agentboost.cli_args import limits_from_args
-    from agentboost.engines.base import SamplingParams
-    from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
-    from agentboost.rollout.results import ResultStore
-    from agentboost.rollout.runner import RunConfig, in_process, iter_jobs, plan_keys, run_jobs
-
-    environment_kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
-    environment = make_environment(args.env, environment_kwargs)
-    limits = limits_from_args(environment.limits, args)
-    print(f"agentboost: {environment.name}: limits per rollout: {limits.summary()}", file=sys.stderr)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    config = RunConfig(
-        samples=args.samples, concurrency=args.concurrency, retries=args.retries, seed=args.seed
-    )
-    tasks = environment_tasks(environment, args.n, seed=args.seed, split=args.split)
-    if not tasks:
-        raise ConfigError(f"environment {args.env!r} has no tasks in split {args.split!r}")
-    plan = plan_keys(environment, tasks, config)
-    if not _is_default(args.model):  # fail before touching --out; the default is pulled on first use
-        from agentboost.engines.models import resolve_model
-
-        resolve_model(args.model)
-    identity = run_identity(args, environment, environment_kwargs, sampling, limits, len(tasks))
-    with ResultStore(
+    summary = await run_rollouts_async(
+        run,
         args.out,
-        resume=not args.fresh,
-        identity=identity,
+        fresh=args.fresh,
         allow_different=args.allow_different_settings,
-        plan=plan,
         redo_failed=not args.keep_failed,
-        environment_name=environment.name,
-    ) as store:
-        if store.torn_bytes:
-            print(
-                f"agentboost: cut a torn last line ({store.torn_bytes} bytes) from {args.out}",
-                file=sys.stderr,
-            )
-        if store.differences:
-            print(
-                f"agentboost: resuming {args.out} with other settings: {'; '.join(store.differences)}",
-                file=sys.stderr,
-            )
-        redo = sum(key in plan for key in store.failed) if not args.keep_failed else 0
-        if redo:
-            print(f"agentboost: running {redo} failed rollouts of {args.out} again", file=sys.stderr)
-        jobs = iter_jobs(environment, tasks, config)
-        if args.workers:
-            from agentboost.rollout.workers import WorkerPool, WorkerSpec
-
-            spec = WorkerSpec.from_args(args, environment_kwargs, sampling, limits)
-            async with WorkerPool(spec, args.workers, setup_timeout_s=args.worker_setup_timeout) as pool:
-                summary = await run_jobs(jobs, pool.execute, store, config, total=len(plan))
-        else:
-            from agentboost.engines.factory import load_tokenizer, make_engine
-            from agentboost.tokens.templates import template_for
-
-            tokenizer = load_tokenizer(args.model)
-            template_for(tokenizer, args.template)  # an unknown --template fails before any rollout
-            engine = make_engine(
-                args.engine,
-                model=args.model,
-                urls=args.url or (),
-                retries=args.retries,
-                **engine_options(args),
-            )
-            try:
-                execute = in_process(
-                    environment, engine, tokenizer, sampling=sampling, limits=limits, template=args.template
-                )
-                summary = await run_jobs(jobs, execute, store, config, total=len(plan))
-            finally:
-                await engine.aclose()
-    print(f"{environment.name}: {summary.line()} -> {args.out}")
+    )
+    print(f"{run.environment.name}: {summary.line()} -> {args.out}")
     if summary.failed:
         print(
             f"agentboost: error: {summary.failed} of {summary.completed} rollouts failed; the first: "
@@ -115,10 +44,6 @@ async def _rollouts(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def _is_default(model: str) -> bool:
-    return model.lower() in {DEFAULT_MODEL, "default"}
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
@@ -156,6 +81,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from agentboost import __version__
+    from agentboost.rollout.spec import RunSpec, add_run_options
 
     parser = _Parser(prog="agentboost", description="Train Strands agents with RL.")
     parser.add_argument("--version", action="version", version=f"agentboost {__version__}")
@@ -168,12 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.set_defaults(func=_cmd_pull)
 
     rollout = commands.add_parser("rollout", help="run an environment's tasks and write results (JSONL)")
-    add_run_arguments(rollout, split="train", n=4)
-    rollout.add_argument(
-        "--template",
-        default=None,
-        help="chat template: qwen3, chatml or tokenizer (default: the environment's, else the tokenizer's)",
-    )
+    add_run_options(rollout, RunSpec(split="train", tasks=4))
     rollout.add_argument("--out", default="runs/rollouts.jsonl", help="results JSONL (resumed if it exists)")
     rollout.add_argument(
         "--keep-failed",

@@ -5,6 +5,8 @@ registry name and keyword arguments); what belongs to ONE rollout lives in an :c
 lifecycle of one rollout, run by :meth:`Environment.rollout`::
 
     episode = await env.reset(task, sample=...)     # per-rollout state: a DB copy, a sandbox lease...
+    episode.engine, .tokenizer, .limits are set        # what this rollout runs on
+    await env.start(episode)                          # e.g. a simulated user's opening words
     tools, hooks = env.tools(episode), env.hooks(episode)
     the agent runs; each time it ends a turn without tool calls:
         await env.next_user_message(episode, messages)  # a multi-turn user (e.g. a simulated customer)
@@ -38,7 +40,7 @@ import traceback
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import StopSignal, UserTurn, run_agent
@@ -46,7 +48,11 @@ from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, UnscorableError
 from agentboost.tokens.templates import ChatTemplate
+from agentboost.tokens.tokenizer import Tokenizer, tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
+
+if TYPE_CHECKING:
+    from agentboost.eval.stats import Table
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +102,21 @@ class RewardFunction:
 
 class Episode:
     """One rollout of one task: the environment's per-rollout state, made by ``reset`` and closed by
-    ``cleanup``. Subclass it, or keep objects in :attr:`state`."""
+    ``cleanup``. Subclass it, or keep objects in :attr:`state`.
+
+    From :meth:`Environment.start` on it also carries what the rollout runs on: :attr:`engine`,
+    :attr:`tokenizer` and :attr:`limits` (set by :meth:`Environment.rollout` after ``reset``), so an
+    environment can reach the rollout's own engine, e.g. for a simulated user that shares it."""
 
     def __init__(self, task: Task, sample: int = 0) -> None:
         self.task = task
         self.sample = sample
+        self.engine: Engine | None = None
+        """The engine this rollout's agent generates with (None before ``start``)."""
+        self.tokenizer: Tokenizer | None = None
+        """The tokenizer of this rollout's agent (None before ``start``)."""
+        self.limits: RolloutLimits | None = None
+        """The limits this rollout runs under (None before ``start``)."""
         self.state: dict[str, Any] = {}
         """The environment's per-rollout objects (a database copy, a sandbox lease, a simulator)."""
         self.info: dict[str, Any] = {}
@@ -254,6 +270,11 @@ class Environment:
         whose starting conversation it wrote (e.g. a simulated customer's opening words)."""
         return Episode(task, sample)
 
+    async def start(self, episode: Episode) -> None:
+        """Called after ``reset``, once ``episode`` carries the rollout's engine, tokenizer and limits,
+        before the agent runs. Override to do what needs them, e.g. let a simulated user that shares
+        the agent's engine open the conversation (replace ``episode.task``)."""
+
     def tools(self, episode: Episode) -> list[Any]:
         """Strands tools for ONE rollout (fresh objects when a tool keeps state; may close over it)."""
         return []
@@ -278,6 +299,25 @@ class Environment:
 
     async def cleanup(self, episode: Episode) -> None:
         """Release what ``reset`` took. Always called once per rollout, whatever happened."""
+
+    # --- reports ----------------------------------------------------------------------------------
+
+    @classmethod
+    def report_tables(
+        cls,
+        results: Sequence[RolloutResult],
+        *,
+        threshold: float,
+        summary: dict[str, Any],
+        test_tool: str | set[str] | None = None,
+    ) -> list[Table]:
+        """Tables about this environment's own rollouts, added to ``agentboost stats``, ``eval`` and
+        ``view`` after the tables every environment gets (build them with
+        :class:`~agentboost.eval.stats.Table`; give them a ``section`` heading). ``summary`` is the
+        report's summary, to which an environment may add its own entry; ``test_tool`` names the
+        tool(s) that run tests (``--test-tool``, else the tools that record a status). Default: none.
+        """
+        return []
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -315,19 +355,19 @@ class Environment:
         self,
         task: Task,
         engine: Engine,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         *,
         sampling: SamplingParams | None = None,
         limits: RolloutLimits | None = None,
         template: ChatTemplate | str | None = None,
         sample: int = 0,
     ) -> RolloutResult:
-        """Run one task once and score it: reset, agent, reward, cleanup.
+        """Run one task once and score it: reset, start, agent, reward, cleanup.
 
         Never raises for a failed rollout, a failed environment step or a failed reward: each is
         recorded (termination ``env_error``, ``reward_error``). Cancellation propagates after cleanup.
         """
-        tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
         if tokenizer is None:
             raise ConfigError(
                 "no tokenizer: pass one, or use an engine that carries one (LocalEngine.from_pretrained)"
@@ -343,11 +383,16 @@ class Environment:
         except Exception as error:
             detail = f"{_describe(error)} (in {type(self).__name__}.reset)"
             return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
+        limits = limits or self.limits
+        episode.engine, episode.tokenizer, episode.limits = engine, tokenizer, limits
         try:
+            step = "start"
             try:
+                await self.start(episode)
+                step = "tools/hooks"
                 tools, hooks = self.tools(episode), self.hooks(episode)
             except Exception as error:
-                detail = f"{_describe(error)} (in {type(self).__name__}.tools/hooks)"
+                detail = f"{_describe(error)} (in {type(self).__name__}.{step})"
                 return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
             trajectory = await run_agent(
                 engine,
@@ -359,7 +404,7 @@ class Environment:
                 template=template if template is not None else self.template,
                 parser=self.parser,
                 sampling=sampling,
-                limits=limits or self.limits,
+                limits=limits,
                 task_id=task.id,
                 sample=sample,
                 info=info,

@@ -49,8 +49,26 @@ def parse_json_object(text: object, what: str) -> dict[str, Any]:
     return value
 
 
-def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
-    """Build an environment from a registered name or ``module:Class`` reference."""
+def environment_class_named(name: str) -> type[Environment] | None:
+    """The environment class whose ``name`` is ``name``: a registered one, else an Environment
+    subclass this process has imported; None when there is none (no module is imported for an
+    unknown name, so a results file cannot make this process import code)."""
+    if name in _REGISTRY:
+        try:
+            return environment_class(name)
+        except ConfigError:
+            return None
+    pending = [Environment]
+    while pending:
+        cls = pending.pop()
+        if cls is not Environment and getattr(cls, "name", None) == name:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return None
+
+
+def environment_class(reference: str) -> type[Environment]:
+    """The Environment subclass a registered name or ``module:Class`` reference names."""
     target = _REGISTRY.get(reference, reference)
     module_name, _, attribute = target.partition(":")
     if not attribute:
@@ -66,6 +84,13 @@ def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) ->
         raise ConfigError(f"cannot import environment {target!r}: {error}") from error
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ConfigError(f"{target!r} is not an agentboost Environment subclass")
+    return cls
+
+
+def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
+    """Build an environment from a registered name or ``module:Class`` reference."""
+    cls = environment_class(reference)
+    target = _REGISTRY.get(reference, reference)
     try:
         return cls(**dict(kwargs or {}))
     except TypeError as error:

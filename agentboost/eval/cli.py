@@ -9,14 +9,15 @@ import re
 import sys
 from pathlib import Path
 
-from agentboost.cli_args import add_run_arguments, finite_float
+from agentboost.cli_args import finite_float
 from agentboost.io_safety import add_force_argument, claim_output, refuse_special_file
+from agentboost.rollout.spec import RunSpec, add_run_options
 
 
-def _default_out(args: argparse.Namespace) -> Path:
-    model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(args.model.rstrip("/")).name or args.model).strip("-")
-    environment = re.sub(r"[^A-Za-z0-9._-]+", "-", args.env).strip("-")
-    return Path("runs/eval") / f"{environment}-{model}-{args.split}.jsonl"
+def _default_out(spec: RunSpec) -> Path:
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(spec.model.rstrip("/")).name or spec.model).strip("-")
+    environment = re.sub(r"[^A-Za-z0-9._-]+", "-", spec.environment).strip("-")
+    return Path("runs/eval") / f"{environment}-{model}-{spec.split}.jsonl"
 
 
 def _is_report_of(path: Path, results: Path) -> bool:
@@ -35,28 +36,12 @@ def _is_report_of(path: Path, results: Path) -> bool:
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
-    from agentboost.cli_args import engine_options
-    from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import check_engine_args
+    from agentboost.eval.evaluate import evaluate_run, summary_text, write_report
+    from agentboost.rollout.run import prepare_run
 
-    args.server_facts = await check_engine_args(
-        args.engine,
-        model=args.model,
-        urls=args.url,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
-        options=engine_options(args),
-    )
-    from agentboost.cli_args import limits_from_args, run_identity
-    from agentboost.engines.base import SamplingParams
-    from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
-    from agentboost.eval.evaluate import evaluate, summary_text, write_report
-
-    kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
-    environment = make_environment(args.env, kwargs)
-    limits = limits_from_args(environment.limits, args)
-    print(f"agentboost: {environment.name}: limits per rollout: {limits.summary()}", file=sys.stderr)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    out = Path(args.out) if args.out else _default_out(args)
+    spec = RunSpec.from_args(args)
+    run = await prepare_run(spec, say=lambda line: print(f"agentboost: {line}", file=sys.stderr))
+    out = Path(args.out) if args.out else _default_out(spec)
     report_path = claim_output(
         Path(args.report) if args.report else out.with_suffix(".json"),
         option="--report",
@@ -64,49 +49,14 @@ async def _evaluate(args: argparse.Namespace) -> int:
         inputs=[out],
         ours=lambda existing: _is_report_of(existing, out),
     )
-    tasks = environment_tasks(environment, args.n, seed=args.seed, split=args.split)
-    meta = {
-        "environment": args.env,
-        "environment_kwargs": kwargs,
-        "split": args.split,
-        "model": args.model,
-        "engine": args.engine,
-        "seed": args.seed,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-    }
-    options = {
-        "out": out,
-        "samples": args.samples,
-        "sampling": sampling,
-        "limits": limits,
-        "concurrency": args.concurrency,
-        "retries": args.retries,
-        "seed": args.seed,
-        "fresh": args.fresh,
-        "identity": run_identity(args, environment, kwargs, sampling, limits, len(tasks)),
-        "allow_different": args.allow_different_settings,
-        "progress": not args.quiet,
-        "threshold": args.threshold,
-        "meta": meta,
-    }
-    if args.workers:  # rollouts in worker processes, each with its own engine client (or model)
-        from agentboost.rollout.workers import WorkerPool, WorkerSpec
-
-        spec = WorkerSpec.from_args(args, kwargs, sampling, limits)
-        async with WorkerPool(spec, args.workers, setup_timeout_s=args.worker_setup_timeout) as pool:
-            report, summary = await evaluate(environment, None, None, tasks, execute=pool.execute, **options)
-    else:
-        from agentboost.engines.factory import load_tokenizer, make_engine
-
-        tokenizer = load_tokenizer(args.model)
-        engine = make_engine(
-            args.engine, model=args.model, urls=args.url or (), retries=args.retries, **engine_options(args)
-        )
-        try:
-            report, summary = await evaluate(environment, engine, tokenizer, tasks, **options)
-        finally:
-            await engine.aclose()
+    report, summary = await evaluate_run(
+        run,
+        out,
+        threshold=args.threshold,
+        fresh=args.fresh,
+        allow_different=args.allow_different_settings,
+        progress=not args.quiet,
+    )
     write_report(report, report_path)
     print(summary_text(report))
     print(f"({summary.skipped} rollouts resumed from {out}) report -> {report_path}")
@@ -182,7 +132,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
         ),
     )
     evaluate.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two reports")
-    add_run_arguments(evaluate, split="test", n=None)
+    add_run_options(evaluate, RunSpec(split="test"))
     evaluate.add_argument(
         "--out", default=None, help="results JSONL, resumed (default: runs/eval/ENV-MODEL-SPLIT.jsonl)"
     )

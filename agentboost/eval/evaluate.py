@@ -25,10 +25,13 @@ from agentboost.eval.passk import pass_table, task_counts
 from agentboost.eval.stats import gateway_drift, tool_usage_stats
 from agentboost.rollout.outcomes import MEAN_REWARD_DEFINITION
 from agentboost.rollout.results import ResultStore, read_results
+from agentboost.rollout.run import PreparedRun
 from agentboost.rollout.runner import Execute, RunConfig, RunSummary, in_process, plan_jobs, run_jobs
+from agentboost.rollout.spec import RunSpec
 
 REPORT_FORMAT = "agentboost.eval"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+"""2: the run's settings are under ``run`` (the results header's identity); 1 had some at the top."""
 
 
 def build_report(
@@ -36,9 +39,12 @@ def build_report(
     *,
     samples: int | None = None,
     threshold: float = 1.0,
-    meta: Mapping[str, Any] | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The evaluation report of finished results (``samples``: per task; default the most any task has)."""
+    """The evaluation report of finished results (``samples``: per task; default the most any task has).
+
+    ``run`` is the run's identity (:meth:`~agentboost.rollout.spec.RunSpec.identity`, the header of
+    its results file), recorded as the report's ``run``."""
     results = list(results)
     counts = task_counts(((r.task_id, r.reward) for r in results), threshold)
     per_task = {}
@@ -63,7 +69,7 @@ def build_report(
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        **dict(meta or {}),
+        "run": dict(run or {}),
         "samples": samples,
         "threshold": threshold,
         "tasks": len(counts),
@@ -128,7 +134,6 @@ async def evaluate(
     allow_different: bool = False,
     progress: bool = True,
     threshold: float = 1.0,
-    meta: Mapping[str, Any] | None = None,
     execute: Execute | None = None,
 ) -> tuple[dict[str, Any], RunSummary]:
     """Run ``tasks x samples`` rollouts (resuming ``out``) and report on exactly those rollouts.
@@ -150,7 +155,32 @@ async def evaluate(
         summary = await run_jobs(jobs, execute, store, config)
     planned = {(job.task_id, job.sample) for job in jobs}
     results = [r for r in read_results(out) if (r.task_id, r.sample) in planned]
-    report = build_report(results, samples=samples, threshold=threshold, meta=meta)
+    report = build_report(results, samples=samples, threshold=threshold, run=identity)
+    report["results"] = str(out)
+    return report, summary
+
+
+async def evaluate_run(
+    spec: RunSpec | PreparedRun,
+    out: str | os.PathLike[str],
+    *,
+    threshold: float = 1.0,
+    fresh: bool = False,
+    allow_different: bool = False,
+    progress: bool = True,
+) -> tuple[dict[str, Any], RunSummary]:
+    """Run ``spec``'s rollouts (resuming ``out``) and report on exactly those; the report's ``run`` is
+    the results header's identity. ``out`` may hold more (a larger evaluation): only this run's
+    tasks and samples are reported."""
+    from agentboost.rollout.run import prepare_run, run_rollouts_async
+
+    run = spec if isinstance(spec, PreparedRun) else await prepare_run(spec)
+    summary = await run_rollouts_async(
+        run, out, fresh=fresh, allow_different=allow_different, only_planned=False, progress=progress
+    )
+    plan = run.plan
+    results = [r for r in read_results(out) if (r.task_id, r.sample) in plan]
+    report = build_report(results, samples=run.spec.samples, threshold=threshold, run=run.identity)
     report["results"] = str(out)
     return report, summary
 
@@ -184,8 +214,9 @@ def _number(value: Any) -> str:
 
 def summary_text(report: Mapping[str, Any]) -> str:
     """A one-screen summary of a report."""
+    run = report.get("run", report)  # version 1 reports kept these at the top
     head = " ".join(
-        str(report[key]) for key in ("environment", "split", "model", "engine") if report.get(key) is not None
+        str(run[key]) for key in ("environment", "split", "model", "engine") if run.get(key) is not None
     )
     rollouts, scored = report["rollouts"], report["scored"]
     coverage = f"coverage {scored}/{rollouts}" + (f" = {scored / rollouts:.1%}" if rollouts else "")

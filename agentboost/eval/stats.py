@@ -1,10 +1,11 @@
-"""Tool-usage statistics over rollout results, for any environment, with a section for coding agents.
+"""Tool-usage statistics over rollout results, for any environment, plus each environment's own tables.
 
 Every number comes from recorded fields, never from the text: ``termination``, ``metrics``, assistant
 ``tool_calls``, tool results' ``name`` / ``error`` / ``metadata.status`` (what the tool itself
-recorded, e.g. a test run's ``passed`` or ``wrong_output``), segments' ``parse_errors``, and for
-coding the reward breakdown (``submitted``, ``tested_before_submit``, ``tests_passed``,
-``tests_total``) and ``reward_info["first_failure_status"]``. Table meanings: docs/evaluation.md.
+recorded, e.g. a test run's ``passed`` or ``wrong_output``) and segments' ``parse_errors``. An
+environment adds tables about its own rollouts with :meth:`Environment.report_tables` (the coding
+environment's submissions and tests: :mod:`agentboost.envs.coding.report`); ``bucket``, ``ranked``,
+``share`` and ``group_rows`` are the helpers such tables use. Table meanings: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from agentboost.envs.base import RolloutResult
 from agentboost.rollout.outcomes import reward_summary
 
 CALL_BUCKETS = ("0", "1", "2", "3", "4", "5-9", "10+")
-NO_SUBMISSION = "no submission"
-UNTESTED = "submitted without testing"
-TESTED = "submitted after testing"
 
 
 @dataclass
@@ -33,6 +31,8 @@ class Table:
     columns: list[str]
     rows: list[list[Any]]
     note: str | None = None
+    section: str | None = None
+    """The heading it appears under in Markdown (an environment's own tables: e.g. ``Coding``)."""
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"title": self.title, "columns": self.columns, "rows": self.rows}
@@ -90,11 +90,11 @@ class Stats:
             f"rollouts, coverage {_cell(summary['coverage'])})"
         )
         parts = ["## Rollout statistics", "", head]
-        coding = False
+        section = None
         for table in self.tables:
-            if table.name.startswith("coding_") and not coding:
-                parts += ["", "## Coding"]
-                coding = True
+            if table.section is not None and table.section != section:
+                parts += ["", f"## {table.section}"]
+            section = table.section
             parts += ["", table.to_markdown()]
         return "\n".join(parts) + "\n"
 
@@ -102,13 +102,13 @@ class Stats:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
 
 
-def _bucket(count: int) -> str:
+def bucket(count: int) -> str:
     if count < 5:
         return str(count)
     return "5-9" if count < 10 else "10+"
 
 
-def _ranked(counter: Mapping[str, int]) -> list[tuple[str, int]]:
+def ranked(counter: Mapping[str, int]) -> list[tuple[str, int]]:
     """Most frequent first; ties in name order (so tables do not depend on file order)."""
     return sorted(counter.items(), key=lambda item: (-item[1], item[0]))
 
@@ -117,7 +117,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _share(part: int, whole: int) -> float | None:
+def share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
@@ -167,7 +167,7 @@ def tool_results(result: RolloutResult) -> list[dict[str, Any]]:
     return facts
 
 
-def _group_rows(
+def group_rows(
     groups: Mapping[str, list[RolloutResult]], order: Sequence[str], total: int, threshold: float
 ) -> list[list[Any]]:
     rows = []
@@ -178,7 +178,7 @@ def _group_rows(
             [
                 key,
                 len(members),
-                _share(len(members), total),
+                share(len(members), total),
                 rewards.mean,
                 rewards.success_rate,
                 rewards.coverage,
@@ -226,7 +226,7 @@ def tool_usage_stats(
         "turns_mean": _mean([float(m.get("turns") or 0) for m in metrics]),
         "tool_calls_mean": _mean([float(m.get("tool_calls") or 0) for m in metrics]),
         "tool_calls_total": sum(int(m.get("tool_calls") or 0) for m in metrics),
-        "tool_use_rate": _share(sum(1 for m in metrics if int(m.get("tool_calls") or 0)), total),
+        "tool_use_rate": share(sum(1 for m in metrics if int(m.get("tool_calls") or 0)), total),
         "parse_errors_total": parse_total,
         "rollouts_with_parse_errors": sum(1 for m in metrics if int(m.get("parse_errors") or 0)),
         "generated_tokens_total": sum(r.trajectory.generated_tokens for r in results),
@@ -249,7 +249,7 @@ def tool_usage_stats(
             "terminations",
             "Termination reasons",
             ["reason", *GROUP_COLUMNS[1:]],
-            _group_rows(by_ending, endings, total, threshold),
+            group_rows(by_ending, endings, total, threshold),
         )
     )
 
@@ -284,7 +284,7 @@ def tool_usage_stats(
                     name,
                     per_tool[name]["calls"],
                     per_tool[name]["errors"],
-                    _share(per_tool[name]["errors"], per_tool[name]["calls"]),
+                    share(per_tool[name]["errors"], per_tool[name]["calls"]),
                     per_tool[name]["rollouts"],
                     _mean(per_tool[name]["latency"]),
                 ]
@@ -299,7 +299,7 @@ def tool_usage_stats(
             "Tool results by status",
             ["tool", "status", "calls", "share of the tool's calls"],
             [
-                [name, status, count, _share(count, per_tool[name]["calls"])]
+                [name, status, count, share(count, per_tool[name]["calls"])]
                 for name in names
                 for status, count in sorted(
                     per_tool[name]["statuses"].items(), key=lambda kv: (-kv[1], kv[0])
@@ -311,13 +311,13 @@ def tool_usage_stats(
 
     by_calls: dict[str, list[RolloutResult]] = defaultdict(list)
     for result in results:
-        by_calls[_bucket(int(result.trajectory.metrics.get("tool_calls") or 0))].append(result)
+        by_calls[bucket(int(result.trajectory.metrics.get("tool_calls") or 0))].append(result)
     tables.append(
         Table(
             "calls_per_rollout",
             "Tool calls per rollout",
             ["tool calls", *GROUP_COLUMNS[1:]],
-            _group_rows(by_calls, CALL_BUCKETS, total, threshold),
+            group_rows(by_calls, CALL_BUCKETS, total, threshold),
         )
     )
     tables.append(
@@ -325,7 +325,7 @@ def tool_usage_stats(
             "parse_errors",
             "Parse errors (malformed tool calls and turns)",
             ["kind", "occurrences", "rollouts"],
-            [[kind, count, parse_rollouts[kind]] for kind, count in _ranked(parse_kinds)],
+            [[kind, count, parse_rollouts[kind]] for kind, count in ranked(parse_kinds)],
             note=(
                 f"{parse_total} parse errors in {summary['rollouts_with_parse_errors']} of {total} rollouts."
             ),
@@ -346,8 +346,9 @@ def tool_usage_stats(
                 ),
             )
         )
-    if any("submitted" in r.reward_breakdown for r in results):
-        tables += _coding_tables(results, threshold, test_tool or status_tools, summary)
+    tables += environment_tables(
+        results, threshold=threshold, summary=summary, test_tool=test_tool or status_tools
+    )
     return Stats(summary, tables)
 
 
@@ -363,93 +364,28 @@ def gateway_drift(results: Iterable[RolloutResult]) -> dict[str, Any] | None:
         "sessions": len(sessions),
         "rows": sum(len(r.trajectory.training_rows) for r in sessions),
         "forked_rollouts": sum(1 for r in sessions if r.trajectory.forked_rows),
-        "drift": dict(_ranked(reasons)),
+        "drift": dict(ranked(reasons)),
     }
 
 
-def _coding_tables(
-    results: list[RolloutResult], threshold: float, test_tools: str | set[str], summary: dict[str, Any]
+def environment_tables(
+    results: Sequence[RolloutResult], *, threshold: float, summary: dict[str, Any], test_tool: str | set[str]
 ) -> list[Table]:
-    test_names = {test_tools} if isinstance(test_tools, str) else set(test_tools)
-    coding = [r for r in results if "submitted" in r.reward_breakdown]
-    total = len(coding)
-    groups: dict[str, list[RolloutResult]] = defaultdict(list)
-    for result in coding:
-        breakdown = result.reward_breakdown
-        if not breakdown.get("submitted"):
-            groups[NO_SUBMISSION].append(result)
-        elif breakdown.get("tested_before_submit"):
-            groups[TESTED].append(result)
-        else:
-            groups[UNTESTED].append(result)
-    summary["coding"] = {
-        "rollouts": total,
-        "no_submission": len(groups[NO_SUBMISSION]),
-        "submitted_without_testing": len(groups[UNTESTED]),
-        "submitted_after_testing": len(groups[TESTED]),
-        "test_tools": sorted(test_names),
-    }
-    tables = [
-        Table(
-            "coding_submissions",
-            "Submissions and testing (reward by category)",
-            ["category", *GROUP_COLUMNS[1:]],
-            _group_rows(groups, (NO_SUBMISSION, UNTESTED, TESTED), total, threshold),
-            note=(
-                f"{total} rollouts with a coding reward breakdown"
-                + (f" of {len(results)}" if total != len(results) else "")
-                + "."
-            ),
-        )
-    ]
-    statuses: Counter[str] = Counter()
-    per_rollout: dict[str, list[RolloutResult]] = defaultdict(list)
-    for result in coding:
-        calls = [fact for fact in tool_results(result) if fact["name"] in test_names]
-        statuses.update(fact["status"] for fact in calls)
-        per_rollout[_bucket(len(calls))].append(result)
-    calls_total = sum(statuses.values())
-    tables.append(
-        Table(
-            "coding_test_calls",
-            "Test-tool calls by status",
-            ["status", "calls", "share"],
-            [[status, count, _share(count, calls_total)] for status, count in _ranked(statuses)],
-            note=f"test tool(s): {', '.join(sorted(test_names)) or 'none found'}; {calls_total} calls.",
-        )
-    )
-    tables.append(
-        Table(
-            "coding_test_calls_per_rollout",
-            "Test-tool calls per rollout",
-            ["test calls", *GROUP_COLUMNS[1:]],
-            _group_rows(per_rollout, CALL_BUCKETS, total, threshold),
-        )
-    )
-    first_failures = Counter(
-        str(reward_info(r).get("first_failure_status") or "none (all passed)")
-        for r in coding
-        if r.reward_breakdown.get("submitted")
-    )
-    passed = [
-        r.reward_breakdown.get("tests_passed", 0.0) for r in coding if r.reward_breakdown.get("submitted")
-    ]
-    totals = [
-        r.reward_breakdown.get("tests_total", 0.0) for r in coding if r.reward_breakdown.get("submitted")
-    ]
-    tables.append(
-        Table(
-            "coding_first_failure",
-            "Hidden tests: status of the first failure (submitted rollouts)",
-            ["first failure", "rollouts", "share"],
-            [
-                [status, count, _share(count, sum(first_failures.values()))]
-                for status, count in _ranked(first_failures)
-            ],
-            note=(
-                f"hidden tests passed: {sum(passed):g} of {sum(totals):g}"
-                + (f" ({sum(passed) / sum(totals):.1%})" if sum(totals) else "")
-            ),
-        )
-    )
+    """The tables each environment adds about its own rollouts (:meth:`Environment.report_tables`),
+    for the environments named in the results' ``info["environment"]`` that this process can find:
+    a registered name, or an Environment subclass already imported."""
+    from agentboost.envs.registry import environment_class_named
+
+    by_environment: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in results:
+        name = result.trajectory.info.get("environment")
+        if isinstance(name, str):
+            by_environment[name].append(result)
+    tables: list[Table] = []
+    for name in sorted(by_environment):
+        environment = environment_class_named(name)
+        if environment is not None:
+            tables += environment.report_tables(
+                by_environment[name], threshold=threshold, summary=summary, test_tool=test_tool
+            )
     return tables

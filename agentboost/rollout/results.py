@@ -5,8 +5,9 @@ File format (``format: agentboost.results``, ``version: 1``)::
     line 1     {"format": "agentboost.results", "version": 1, "agentboost": "<version>", "run": {...}}
     line 2...  one RolloutResult per line (RolloutResult.to_dict)
 
-``run`` is the run's identity: environment and its arguments, model, sampling, limits, seed, split
-(see :data:`NOT_COMPARED` for the keys that may change between a run and its resume).
+``run`` is the run's identity (:meth:`agentboost.rollout.spec.RunSpec.identity`): environment and its
+arguments, model, sampling, limits, seed, split (see :data:`NOT_COMPARED` for the keys that may change
+between a run and its resume).
 
 Nothing is written to an existing file before its first line is read (at most 1 MiB) and found to
 be such a header; anything else (a notes file, a model, a device such as ``/dev/full``) is refused
@@ -30,14 +31,13 @@ from typing import Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError, UserPathError
+from agentboost.rollout.spec import NOT_COMPARED
 
 Key = tuple[str, int]
 """(task_id, sample)"""
 
 RESULTS_FORMAT = "agentboost.results"
 RESULTS_VERSION = 1
-NOT_COMPARED = frozenset({"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"})
-"""Run settings recorded in the header that a resume may change (how much to run, and how)."""
 _HEADER_LIMIT = 1 << 20
 _KEY_PREFIX = re.compile(r'^\{"task_id": ("(?:[^"\\]|\\.)*"), "sample": (-?\d+)')
 

@@ -1,15 +1,16 @@
-"""The worker process: ``python -m agentboost.rollout.worker SPEC_JSON`` (started by WorkerPool).
+"""The worker process: ``python -m agentboost.rollout.worker SPEC_JSON CONCURRENCY`` (started by WorkerPool).
 
-Builds its environment, tokenizer and engine, then says ``{"ready": true}`` (or ``{"fatal": message}``
-and exits when it cannot: the parent ends the run with that message). Reads jobs (JSON lines) on
-stdin, runs up to ``spec.concurrency`` rollouts at once in one event loop, and writes one JSON line
-per finished job on the fd named by ``AGENTBOOST_RESULT_FD``. Anything else it prints goes to stderr.
+Builds its environment, tokenizer and engine from the run's :class:`~agentboost.rollout.spec.RunSpec`
+(as :meth:`~agentboost.rollout.spec.RunSpec.to_dict` wrote it), then says ``{"ready": true}`` (or
+``{"fatal": message}`` and exits when it cannot: the parent ends the run with that message). Reads
+jobs (JSON lines) on stdin, runs up to ``CONCURRENCY`` rollouts at once in one event loop, and writes
+one JSON line per finished job on the fd named by ``AGENTBOOST_RESULT_FD``. Anything else it prints
+goes to stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -29,30 +30,31 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-async def _serve(spec: dict[str, Any], results: Any) -> int:
-    from agentboost.agent.limits import RolloutLimits
-    from agentboost.engines.base import SamplingParams
+async def _serve(spec_data: dict[str, Any], concurrency: int, results: Any) -> int:
     from agentboost.engines.factory import load_tokenizer, make_engine
     from agentboost.envs.registry import make_environment
-    from agentboost.envs.task import Task
+    from agentboost.rollout.runner import Job, in_process
+    from agentboost.rollout.spec import RunSpec
 
     def reply(message: dict[str, Any]) -> None:
         results.write(json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n")
         results.flush()
 
     try:
-        environment = make_environment(spec["environment"], spec["environment_kwargs"])
-        tokenizer = load_tokenizer(spec["model"])
+        spec = RunSpec.from_dict(spec_data)
+        environment = make_environment(spec.environment, spec.environment_kwargs)
+        tokenizer = load_tokenizer(spec.model)
         engine = make_engine(
-            spec["engine"],
-            model=spec["model"],
-            urls=spec["urls"],
-            retries=spec.get("retries"),
-            **spec.get("engine_options", {}),
+            spec.engine, model=spec.model, urls=spec.urls, retries=spec.retries, **spec.engine_options()
         )
-        sampling = SamplingParams(**spec["sampling"])
-        limits = RolloutLimits(**spec["limits"]) if spec.get("limits") else None
-        template = spec.get("template")
+        execute = in_process(
+            environment,
+            engine,
+            tokenizer,
+            sampling=spec.sampling(),
+            limits=spec.resolve_limits(environment.limits),
+            template=spec.template,
+        )
     except Exception as error:
         from agentboost.errors import AgentBoostError
 
@@ -61,7 +63,7 @@ async def _serve(spec: dict[str, Any], results: Any) -> int:
         reply({"fatal": _describe(error)})
         return SETUP_FAILED
     reply({"ready": True})
-    slots = asyncio.Semaphore(spec["concurrency"])
+    slots = asyncio.Semaphore(concurrency)
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader(limit=1 << 30)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -70,16 +72,8 @@ async def _serve(spec: dict[str, Any], results: Any) -> int:
     async def run(job: dict[str, Any]) -> None:
         async with slots:
             try:
-                task = Task.from_dict(job["task"])
-                result = await environment.rollout(
-                    task,
-                    engine,
-                    tokenizer,
-                    sampling=dataclasses.replace(sampling, seed=job["seed"]),
-                    limits=limits,
-                    template=template,
-                    sample=job["sample"],
-                )
+                fields = {name: job[name] for name in ("task_id", "task", "sample", "seed")}
+                result = await execute(Job(**fields))
                 line = {"id": job["id"], "result": result.to_dict()}
             except Exception as error:  # a bad job must not take the worker down
                 line = {"id": job["id"], "error": _describe(error)}
@@ -99,10 +93,10 @@ async def _serve(spec: dict[str, Any], results: Any) -> int:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec, concurrency = json.loads(sys.argv[1]), int(sys.argv[2])
     results = os.fdopen(int(os.environ["AGENTBOOST_RESULT_FD"]), "wb", buffering=0)
     sys.stdout = sys.stderr  # nothing printed by tools or libraries reaches the protocol pipe
-    sys.exit(asyncio.run(_serve(spec, results)))
+    sys.exit(asyncio.run(_serve(spec, concurrency, results)))
 
 
 if __name__ == "__main__":

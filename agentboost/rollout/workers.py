@@ -1,11 +1,12 @@
 """Long-lived worker processes, each an event loop running many rollouts, for CPU parallelism and isolation.
 
-The parent starts ``python -m agentboost.rollout.worker CONFIG`` N times and talks JSON lines: jobs
+The parent starts ``python -m agentboost.rollout.worker SPEC CONCURRENCY`` N times and talks JSON lines: jobs
 go to a worker's stdin; results come back on a private pipe (fd 3 in the worker), so whatever a
 tool or library prints cannot corrupt the protocol. A worker that dies (a segfault, the OOM killer)
 fails only the rollouts it had in flight (the runner retries them or records ``worker_crashed``) and
 is replaced. No process starts per rollout in steady state. Workers build their own environment
-(from its reference), tokenizer and engine; with a remote engine they all share one server.
+(from its reference), tokenizer and engine from the run's :class:`RunSpec` (sent as JSON); with a
+remote engine they all share one server.
 """
 
 from __future__ import annotations
@@ -17,85 +18,13 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
-from typing import Any
 
-from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import AgentBoostError, ConfigError
 from agentboost.rollout.runner import Job, WorkerCrashed
+from agentboost.rollout.spec import RunSpec
 
 _LINE_LIMIT = 1 << 30  # a 1,000-turn trajectory is a long line
-
-
-@dataclasses.dataclass
-class WorkerSpec:
-    """Everything a worker needs to rebuild the rollout setup; sent as JSON on its command line."""
-
-    environment: str
-    environment_kwargs: dict[str, Any]
-    model: str
-    """Tokenizer source (and the model, for the ``local`` engine)."""
-    engine: str = "sglang"
-    urls: list[str] = dataclasses.field(default_factory=list)
-    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
-    limits: dict[str, Any] | None = None
-    concurrency: int = 64
-    template: str | None = None
-    engine_options: dict[str, float] = dataclasses.field(default_factory=dict)
-    """A remote engine's timeouts (:func:`agentboost.cli_args.engine_options`)."""
-
-    @classmethod
-    def build(
-        cls,
-        environment: str,
-        *,
-        model: str,
-        engine: str = "sglang",
-        urls: list[str] | None = None,
-        environment_kwargs: Mapping[str, Any] | None = None,
-        sampling: SamplingParams | None = None,
-        limits: RolloutLimits | None = None,
-        concurrency: int = 64,
-        template: str | None = None,
-    ) -> WorkerSpec:
-        return cls(
-            environment=environment,
-            environment_kwargs=dict(environment_kwargs or {}),
-            model=model,
-            engine=engine,
-            urls=list(urls or []),
-            sampling=dataclasses.asdict(sampling or SamplingParams()),
-            limits=dataclasses.asdict(limits) if limits is not None else None,
-            concurrency=concurrency,
-            template=template,
-        )
-
-    @classmethod
-    def from_args(
-        cls,
-        args: Any,
-        environment_kwargs: Mapping[str, Any],
-        sampling: SamplingParams,
-        limits: RolloutLimits,
-    ) -> WorkerSpec:
-        """The spec for ``agentboost rollout`` / ``eval`` options (``--concurrency`` split over workers)."""
-        from agentboost.cli_args import engine_options
-
-        spec = cls.build(
-            args.env,
-            model=args.model,
-            engine=args.engine,
-            urls=args.url,
-            environment_kwargs=environment_kwargs,
-            sampling=sampling,
-            limits=limits,
-            concurrency=max(1, args.concurrency // args.workers),
-            template=getattr(args, "template", None),
-        )
-        spec.engine_options = engine_options(args) if hasattr(args, "read_timeout") else {}
-        return spec
 
 
 class WorkerSetupError(AgentBoostError):
@@ -117,7 +46,8 @@ class _Worker:
 
 
 class WorkerPool:
-    """N worker processes; :meth:`execute` is the runner's execution function.
+    """N worker processes (``workers``, default ``spec.workers``) each running up to its share of
+    ``spec.concurrency``; :meth:`execute` is the runner's execution function.
 
     A worker that dies is replaced after a pause that doubles with each death in a row (from
     ``restart_backoff_s``); after ``max_restarts`` deaths in a row without a result between them,
@@ -125,19 +55,21 @@ class WorkerPool:
     waiting on it fails with that cause. A worker that has not finished its setup (environment,
     tokenizer, engine) within ``setup_timeout_s`` is killed and the pool stops the same way: a hang
     at start (a model load waiting on a dead mount, an environment blocking on a network call) does
-    not fix itself by restarting.
+    not fix itself by restarting (default ``spec.worker_setup_timeout_s``).
     """
 
     def __init__(
         self,
-        spec: WorkerSpec,
-        workers: int = 2,
+        spec: RunSpec,
+        workers: int | None = None,
         *,
         max_restarts: int = 5,
         restart_backoff_s: float = 0.5,
         max_restart_backoff_s: float = 30.0,
-        setup_timeout_s: float = 600.0,
+        setup_timeout_s: float | None = None,
     ) -> None:
+        workers = spec.workers if workers is None else workers
+        setup_timeout_s = spec.worker_setup_timeout_s if setup_timeout_s is None else setup_timeout_s
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"a worker pool needs at least one worker, got {workers!r}")
         if max_restarts < 0 or restart_backoff_s < 0:
@@ -160,7 +92,9 @@ class WorkerPool:
         self._readers: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         """Set when a worker was replaced or the pool gave up: jobs waiting for a live worker look again."""
-        self._capacity = asyncio.Semaphore(workers * spec.concurrency)
+        self.concurrency = spec.worker_concurrency(workers)
+        """Rollouts in flight in each worker."""
+        self._capacity = asyncio.Semaphore(workers * self.concurrency)
 
     async def __aenter__(self) -> WorkerPool:
         try:
@@ -196,7 +130,8 @@ class WorkerPool:
 
     async def _spawn(self) -> _Worker:
         read_fd, write_fd = os.pipe()
-        argv = [sys.executable, "-m", "agentboost.rollout.worker", json.dumps(dataclasses.asdict(self.spec))]
+        spec = json.dumps(self.spec.to_dict())
+        argv = [sys.executable, "-m", "agentboost.rollout.worker", spec, str(self.concurrency)]
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,

@@ -16,7 +16,6 @@ import pytest
 from aiohttp import web
 from remote_support import run
 
-from agentboost.cli_args import server_facts
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.factory import check_engine_args
 from agentboost.engines.probe import LogprobsModeError
@@ -197,7 +196,8 @@ def test_an_sglang_server_returning_original_logprobs_is_refused():
 
 
 def test_the_run_identity_records_the_servers_facts():
-    import argparse
+    from agentboost.agent.limits import RolloutLimits
+    from agentboost.rollout.spec import RunSpec
 
     async def scenario():
         server = await FakeServer("vllm", "processed_logprobs").start()
@@ -209,10 +209,11 @@ def test_the_run_identity_records_the_servers_facts():
             await server.close()
 
     facts = run(scenario())
-    args = argparse.Namespace(server_facts=facts)
-    assert server_facts(args) == {"server": facts[0]}
+    spec = RunSpec(engine="vllm", urls=("http://127.0.0.1:1",))
+    identity = spec.identity(environment_name="arithmetic", limits=RolloutLimits(), tasks=1, servers=facts)
+    assert identity["server"] == facts[0]
     assert facts[0]["version"] == "0.32.0" and facts[0]["logprobs"].startswith("sampling distribution")
-    assert server_facts(argparse.Namespace()) == {}
+    assert "server" not in spec.identity(environment_name="arithmetic", limits=RolloutLimits(), tasks=1)
 
 
 def test_check_engine_args_refuses_top_p_on_vllm_before_the_run():

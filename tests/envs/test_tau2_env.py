@@ -9,6 +9,7 @@ import json
 import pytest
 
 from agentboost.engines.scripted import ScriptedEngine
+from agentboost.envs.base import Environment, Episode
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.envs.tau2.environment import OPENING_PLACEHOLDER, Tau2Environment
@@ -264,5 +265,26 @@ def test_the_simulator_shares_the_agents_engine_by_default(qwen_tokenizer, say):
         result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
         assert result.termination is TerminationReason.USER_ENDED and engine.calls == 3
         assert result.trajectory.messages[2]["content"] == opening
-    with pytest.raises(ConfigError, match="only known inside rollout"):
-        env.simulator()
+    with pytest.raises(ConfigError, match="carries only inside rollout"):
+        env.simulator(Episode(task))
+
+
+def test_concurrent_rollouts_each_reach_their_own_engine_through_the_episode(qwen_tokenizer, say):
+    """No ContextVar and no rollout override: the episode carries the engine to the simulator."""
+    env = Tau2Environment(domain="mock")
+    task = env.tasks(1, split="all")[0]
+    assert type(env).rollout is Environment.rollout
+    engines = [
+        ScriptedEngine([say(opening), say("What title?"), say("Never mind. ###STOP###")])
+        for opening in ("Hi, create a task.", "Hello, I need a task.")
+    ]
+
+    async def both():
+        return await asyncio.gather(*(env.rollout(task, engine, qwen_tokenizer) for engine in engines))
+
+    results = asyncio.run(both())
+    assert [engine.calls for engine in engines] == [3, 3]
+    assert [r.trajectory.messages[2]["content"] for r in results] == [
+        "Hi, create a task.",
+        "Hello, I need a task.",
+    ]

@@ -155,7 +155,7 @@ def test_eval_command_on_the_embedded_engine_and_compare(checkpoints, tmp_path, 
             expected = [pass_hat_k(3, int(sum(rs)), k) for rs in per_task.values()]
             assert report["pass^k"][str(k)] == pytest.approx(sum(expected) / 2)
         assert report["tokens"]["generated_total"] == sum(r.trajectory.generated_tokens for r in results)
-        assert report["model"] == str(model) and report["engine"] == "local"
+        assert report["run"]["model"] == str(model) and report["run"]["engine"] == "local"
     # resuming the finished evaluation runs nothing and reports the same numbers
     out = tmp_path / "base.jsonl"
     args = [

@@ -134,3 +134,28 @@ def test_stats_plots_reward_by_step_from_several_files(qwen_tokenizer, tmp_path)
     for name in ("reward_by_step.png", "tool_calls_per_rollout.png", "terminations.png"):
         image = matplotlib.image.imread(out / name)
         assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_an_environment_supplies_its_own_report_tables():
+    """The extension point: stats, eval and view add the tables the results' environment makes."""
+    from agentboost.envs.base import Environment
+    from agentboost.eval.stats import Table
+
+    class Colours(Environment):
+        name = "colours-for-stats"
+
+        @classmethod
+        def report_tables(cls, results, *, threshold, summary, test_tool=None):
+            summary["colours"] = {"rollouts": len(results)}
+            rows = [[result.task_id, result.reward] for result in results]
+            return [Table("colour_rewards", "Reward per task", ["task", "reward"], rows, section="Colours")]
+
+    results = coding_fixture()
+    for result in results[:2]:
+        result.trajectory.info = {"environment": Colours.name}
+    stats = tool_usage_stats(results)
+    assert rows(stats, "colour_rewards") == [[r.task_id, r.reward] for r in results[:2]]
+    assert stats.summary["colours"] == {"rollouts": 2}
+    assert sum(row[1] for row in rows(stats, "coding_submissions")) == 3  # the coding rollouts left
+    markdown = stats.to_markdown()
+    assert markdown.index("## Coding") < markdown.index("## Colours") < markdown.index("### Reward per task")

@@ -183,7 +183,8 @@ def test_concurrent_rollouts_of_a_stateful_tool_never_share_state(qwen_tokenizer
 
 def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_tokenizer, say, tmp_path):
     from agentboost.engines.server import start_server
-    from agentboost.rollout.workers import WorkerPool, WorkerSpec
+    from agentboost.rollout.spec import RunSpec
+    from agentboost.rollout.workers import WorkerPool
 
     class Slow(ScriptedEngine):
         async def generate(self, prompt_ids, sampling):
@@ -194,8 +195,8 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
         server = await start_server(Slow([say("Answer: 7")], cycle=True), context_length=40960)
         environment = ArithmeticEnvironment()
         config = RunConfig(samples=2, progress=False, retry_backoff_s=0.05)
-        spec = WorkerSpec.build(
-            "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=4
+        spec = RunSpec(
+            "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=8
         )
         try:
             async with WorkerPool(spec, workers=2, restart_backoff_s=0.0) as pool:

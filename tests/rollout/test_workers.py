@@ -16,7 +16,8 @@ from agentboost.engines.scripted import ScriptedEngine
 from agentboost.engines.server import start_server
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, plan_jobs, run_jobs
-from agentboost.rollout.workers import WorkerPool, WorkerSetupError, WorkerSpec
+from agentboost.rollout.spec import RunSpec
+from agentboost.rollout.workers import WorkerPool, WorkerSetupError
 from agentboost.tokens.trajectory import TerminationReason
 
 HERE = Path(__file__).parent
@@ -36,7 +37,9 @@ def importable(monkeypatch):
 
 
 def test_a_worker_that_dies_at_start_is_respawned_with_backoff_then_the_run_ends(tokenizer_dir, importable):
-    spec = WorkerSpec.build("worker_envs:CrashAtStart", model=str(tokenizer_dir), urls=["http://127.0.0.1:9"])
+    spec = RunSpec(
+        "worker_envs:CrashAtStart", model=str(tokenizer_dir), engine="sglang", urls=["http://127.0.0.1:9"]
+    )
     pool = WorkerPool(spec, workers=1, max_restarts=2, restart_backoff_s=0.01)
 
     async def main():
@@ -50,7 +53,7 @@ def test_a_worker_that_dies_at_start_is_respawned_with_backoff_then_the_run_ends
 
 
 def test_a_worker_that_hangs_in_setup_is_killed_at_the_timeout_and_not_respawned(tokenizer_dir, importable):
-    spec = WorkerSpec.build("worker_envs:HangsAtStart", model=str(tokenizer_dir))
+    spec = RunSpec("worker_envs:HangsAtStart", model=str(tokenizer_dir), engine="sglang")
     pool = WorkerPool(spec, workers=1, restart_backoff_s=0.01, setup_timeout_s=10)
 
     async def main():
@@ -72,7 +75,7 @@ def test_a_worker_that_hangs_in_setup_is_killed_at_the_timeout_and_not_respawned
 def test_the_setup_timeout_must_be_positive(tokenizer_dir):
     from agentboost.errors import ConfigError
 
-    spec = WorkerSpec.build("arithmetic", model=str(tokenizer_dir))
+    spec = RunSpec("arithmetic", model=str(tokenizer_dir))
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="setup_timeout_s"):
             WorkerPool(spec, workers=1, setup_timeout_s=bad)
@@ -84,7 +87,7 @@ def test_a_config_error_in_a_worker_is_reported_once_with_its_own_message(tokeni
 
     with pytest.raises(ConfigError) as in_process:
         make_environment("arithmetic", {"colour": "red"})
-    spec = WorkerSpec.build("arithmetic", model=str(tokenizer_dir), environment_kwargs={"colour": "red"})
+    spec = RunSpec("arithmetic", model=str(tokenizer_dir), environment_kwargs={"colour": "red"})
     pool = WorkerPool(spec, workers=2)
 
     async def main():
@@ -129,9 +132,10 @@ def test_an_unreadable_result_line_fails_only_what_it_touches(
 
     async def main():
         server = await start_server(scribbling_server(qwen_tokenizer, say), context_length=40960)
-        spec = WorkerSpec.build(
+        spec = RunSpec(
             reference,
             model=str(tokenizer_dir),
+            engine="sglang",
             urls=[server.url],
             environment_kwargs=kwargs,
             concurrency=3,

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strands import tool
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.envs.base import Environment, Episode, Reward, Task
+from agentboost.envs.base import Environment, Episode, Reward, RolloutResult, Task
 from agentboost.envs.coding import grading
 from agentboost.envs.coding.data import humaneval_split, prepare_tasks, read_tasks, write_tasks
 from agentboost.envs.coding.grading import Grade, format_report
@@ -45,6 +45,9 @@ from agentboost.errors import ConfigError
 from agentboost.sandbox import SandboxError, SandboxLimits
 from agentboost.sandbox.testcases import STDOUT_COMPARISONS
 from agentboost.tokens.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentboost.eval.stats import Table
 
 TOOL_NAME = "run_tests"
 
@@ -170,6 +173,21 @@ class CodingEnvironment(Environment):
         return CodingTask.from_dict(task.metadata["coding"])
 
     # --- one rollout ---------------------------------------------------------------------------------
+
+    @classmethod
+    def report_tables(
+        cls,
+        results: Sequence[RolloutResult],
+        *,
+        threshold: float,
+        summary: dict[str, Any],
+        test_tool: str | set[str] | None = None,
+    ) -> list[Table]:
+        """Submissions and testing, test-tool statuses, first hidden-test failures
+        (:mod:`agentboost.envs.coding.report`)."""
+        from agentboost.envs.coding.report import coding_tables
+
+        return coding_tables(results, threshold, test_tool or set(), summary)
 
     async def reset(self, task: Task, *, sample: int = 0) -> Episode:
         episode = Episode(task, sample)

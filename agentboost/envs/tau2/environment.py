@@ -29,7 +29,6 @@ conversation
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 from typing import Any
 
@@ -48,6 +47,7 @@ from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolr
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
 from agentboost.errors import ConfigError, EngineError, UnscorableError
+from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 MODES = ("simulator", "ticket")
@@ -61,11 +61,6 @@ TICKET_INSTRUCTION = (
     "This request arrived as a written support ticket. The customer cannot answer questions: act on "
     "what the ticket says, within the policy, and finish with a reply that tells the customer what "
     "you did and anything they asked to know."
-)
-
-
-_ROLLOUT_ENGINE: contextvars.ContextVar[tuple[Engine, Any] | None] = contextvars.ContextVar(
-    "tau2_rollout_engine", default=None
 )
 
 
@@ -183,19 +178,20 @@ class Tau2Environment(Environment):
 
     # --- the simulated customer -------------------------------------------------------------------
 
-    def simulator(self) -> UserSimulator:
-        """The simulator of the rollout being run: on its own engine (built once per environment and
-        shared by every rollout) or, by default, on the engine this rollout's agent runs on."""
+    def simulator(self, episode: Episode) -> UserSimulator:
+        """The simulator of ``episode``'s rollout: on its own engine (built once per environment and
+        shared by every rollout) or, by default, on the engine the episode's agent runs on."""
         engine, url, model, tokenizer = self._simulator_spec
         if engine is None:
-            agent = _ROLLOUT_ENGINE.get()
-            if agent is None:
+            if episode.engine is None:
                 raise ConfigError(
-                    "the tau2 simulator shares the agent's engine, which is only known inside rollout(); "
-                    "pass simulator_engine to use it elsewhere"
+                    "the tau2 simulator shares the agent's engine, which an episode carries only inside "
+                    "rollout() (from start on); pass simulator_engine to use it elsewhere"
                 )
-            engine, agent_tokenizer = agent
-            return self._make_simulator(engine, tokenizer if tokenizer is not None else agent_tokenizer)
+            agent_tokenizer = episode.tokenizer
+            return self._make_simulator(
+                episode.engine, tokenizer if tokenizer is not None else agent_tokenizer
+            )
         if self._simulator is not None:
             return self._simulator
         if isinstance(engine, str):
@@ -205,10 +201,10 @@ class Tau2Environment(Environment):
                 raise ConfigError(f"simulator_engine={engine!r} needs simulator_model (for its tokenizer)")
             urls = [url] if isinstance(url, str) else list(url or [])
             engine = make_engine(engine, model=model, urls=urls)
-            tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+            tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         else:
-            tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+            tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
             if tokenizer is None:
                 raise ConfigError("simulator_engine has no tokenizer: pass simulator_tokenizer")
         self._simulator = self._make_simulator(engine, tokenizer)
@@ -230,22 +226,13 @@ class Tau2Environment(Environment):
             if self._simulator_sampling.temperature == 0
             else episode.sample * 1_000_003 + len(record["turns"])
         )
-        reply = await self.simulator().reply(episode.state["scenario"], conversation, seed=seed)
+        reply = await self.simulator(episode).reply(episode.state["scenario"], conversation, seed=seed)
         record["turns"].append(reply.to_dict())
         if reply.failure is not None and reply.failure.startswith("engine_error"):
             raise SimulatorEngineError(f"the user simulator's {reply.failure}")
         return reply
 
     # --- the episode ------------------------------------------------------------------------------
-
-    async def rollout(self, task: Task, engine: Engine, tokenizer: Any = None, **kwargs: Any) -> Any:
-        # the engine of THIS rollout (veRL makes one per rollout), for a simulator that shares it
-        own = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
-        token = _ROLLOUT_ENGINE.set((engine, own))
-        try:
-            return await super().rollout(task, engine, tokenizer, **kwargs)
-        finally:
-            _ROLLOUT_ENGINE.reset(token)
 
     async def reset(self, task: Task, *, sample: int = 0) -> Episode:
         tau2_task = self._tau2_task(task)
@@ -269,7 +256,12 @@ class Tau2Environment(Environment):
             user_turns=0,
         )
         episode.info["tau2"] = {"domain": self.domain.name, "task_id": tau2_task.id, "mode": self.mode}
+        return episode
+
+    async def start(self, episode: Episode) -> None:
+        """In simulator mode the customer opens the conversation (on the episode's engine by default)."""
         if self.mode == "simulator":
+            task = episode.task
             greeting = [{"role": "assistant", "content": AGENT_GREETING}]
             reply = await self._customer_says(episode, greeting)
             if reply.failure is not None or reply.marker is not None:
@@ -281,7 +273,6 @@ class Tau2Environment(Environment):
             episode.task = dataclasses.replace(
                 task, prompt=[*greeting, {"role": "user", "content": reply.text}]
             )
-        return episode
 
     def tools(self, episode: Episode) -> list[Any]:
         def on_call(name: str, tool_use_id: str, arguments: dict[str, Any], response: Any) -> None:

@@ -16,7 +16,8 @@ from agentboost.engines.server import start_server
 from agentboost.envs.registry import make_environment
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, plan_jobs, run_jobs
-from agentboost.rollout.workers import WorkerPool, WorkerSpec
+from agentboost.rollout.spec import RunSpec
+from agentboost.rollout.workers import WorkerPool
 from agentboost.tokens.trajectory import TerminationReason
 
 
@@ -53,7 +54,14 @@ def test_mcp_rollouts_in_worker_processes(tokenizer_dir, qwen_tokenizer, say, tm
 
     async def main():
         server = await start_server(restocker(qwen_tokenizer, say), context_length=40960)
-        spec = WorkerSpec.build("mcp", model=str(tokenizer_dir), urls=[server.url], environment_kwargs=KWARGS)
+        spec = RunSpec(
+            environment="mcp",
+            environment_kwargs=KWARGS,
+            model=str(tokenizer_dir),
+            engine="sglang",
+            urls=(server.url,),
+            concurrency=4,
+        )
         try:
             async with WorkerPool(spec, workers=2, restart_backoff_s=0.01) as pool:
                 with ResultStore(tmp_path / "r.jsonl") as store:
