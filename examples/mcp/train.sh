@@ -33,12 +33,12 @@ agentboost rollout --env mcp --env-kwargs "$HTTP_KWARGS" -n 4 "${RUN[@]}" --out 
 agentboost train examples/mcp/train.yaml
 
 # 4. the same tasks through the AEnvironment adapter (the aenv server runs in its own venv)
-AENV_PYTHON="${AGENTBOOST_AENV_PYTHON:-/work/venvs/aenv/bin/python}"
-if [ -x "$AENV_PYTHON" ]; then
+AENV_PYTHON="${AGENTBOOST_AENV_PYTHON:-}"
+if [ -n "$AENV_PYTHON" ] && [ -x "$AENV_PYTHON" ]; then
     AENV_KWARGS='{"directory": "examples/mcp/aenv_store", "python": "'"$AENV_PYTHON"'",
       "tasks": "examples/mcp/tasks_test.jsonl", "reset_function": "start_task"}'
     agentboost rollout --env aenv --env-kwargs "$AENV_KWARGS" -n 4 "${RUN[@]}" --out runs/mcp-aenv.jsonl
 else
-    echo "skipping the AEnvironment run: no $AENV_PYTHON (python3 -m venv V && V/bin/pip install aenvironment==0.1.7;"
+    echo "skipping the AEnvironment run: set AGENTBOOST_AENV_PYTHON (python3 -m venv V && V/bin/pip install aenvironment==0.1.7;"
     echo "then AGENTBOOST_AENV_PYTHON=V/bin/python)"
 fi

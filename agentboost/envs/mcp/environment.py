@@ -16,9 +16,9 @@ Connections are per episode, on purpose: each episode opens its own client to ev
 ``reset`` and closes it at ``cleanup``. A stdio server is therefore one process per episode (its
 memory and files ARE the episode's state, and they vanish with it); an HTTP server receives the
 episode's id with every call (``_meta`` and a header, see :mod:`.servers`) and keeps state under it.
-A pool of connections reset between episodes would save the start-up (about 1 s per stdio process,
-a few ms per HTTP session), but it trusts every server to reset completely, and one episode's crash
-or leftover state would reach the next: isolation by construction is worth the start-up here.
+A pool of connections reset between episodes would save the start-up (a Python stdio server takes
+seconds to start; see docs/benchmarks.md), but it trusts every server to reset completely, and one
+episode's crash or leftover state would reach the next: isolation by construction is worth the start-up.
 
 Hidden tools receive the arguments they declare among ``task_id``, ``task`` (the task as JSON),
 ``metadata`` (the task's metadata), ``episode_id`` and, for the reward tool, ``final_text``; a reward

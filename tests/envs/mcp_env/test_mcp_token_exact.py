@@ -18,7 +18,12 @@ from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.tokens.trajectory import TerminationReason
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# slow: a tiny model memorises the MCP conversation first (minutes on a busy 2-core machine)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 
 def environment(server):
