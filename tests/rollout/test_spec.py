@@ -56,6 +56,9 @@ CHANGES = {
     "concurrency": 1,
     "retries": 0,
     "worker_setup_timeout_s": 5.0,
+    "read_timeout_s": 30.0,
+    "connect_timeout_s": 2.0,
+    "server_down_timeout_s": 0.0,
 }
 """One other value per field: a new field must be listed here, deciding whether a resume compares it."""
 
@@ -97,6 +100,9 @@ def test_a_spec_round_trips_through_json_as_workers_receive_it():
         ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
         ({"environment_kwargs": {"f": object()}}, "environment_kwargs must be JSON"),
         ({"urls": "http://h:1"}, "RunSpec.urls must be a list of server URLs"),
+        ({"tasks": 10**9}, "RunSpec.tasks must be at most 1,000,000"),
+        ({"concurrency": 10**8}, "RunSpec.concurrency must be at most 4,096"),
+        ({"read_timeout_s": float("nan")}, "RunSpec.read_timeout_s must be a finite number"),
     ],
 )
 def test_a_bad_setting_is_refused_when_the_spec_is_built(changes, message):
@@ -111,7 +117,8 @@ def _identity(spec: RunSpec) -> dict:
 def test_the_change_table_covers_every_field_and_not_compared_is_derived_from_it():
     assert set(CHANGES) == {field.name for field in dataclasses.fields(RunSpec)}
     recorded_not_compared = {"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"}
-    assert recorded_not_compared | {"worker_setup_timeout_s"} == NOT_COMPARED
+    server_timeouts = {"read_timeout_s", "connect_timeout_s", "server_down_timeout_s"}
+    assert recorded_not_compared | {"worker_setup_timeout_s"} | server_timeouts == NOT_COMPARED
 
 
 @pytest.mark.parametrize("name", sorted(CHANGES))
