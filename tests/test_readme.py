@@ -1,0 +1,122 @@
+"""The README's quick starts, followed in the order written, in an empty directory, by the real command.
+
+The commands are read from README.md itself (so an edit there is what runs here), sized down (fewer
+tasks, samples, turns and tokens), and run with the real default model (SmolLM2-135M-Instruct from
+the local cache). Each must exit 0 and produce what the README says; no two collide on a file.
+Skipped: the pip lines, the coding and tau2 rollouts (their own tests cover them) and the trainers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentboost.rollout.results import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SMALL = {"-n": "1", "--samples": "2"}
+"""What each count is cut to."""
+SHORT = ["--max-turns", "2", "--max-new-tokens", "24"]
+"""Added to every rollout and eval: a few tokens per turn are enough to check the plumbing."""
+
+
+def readme_commands() -> list[list[str]]:
+    """Every indented command line that runs agentboost (or the veRL dry run), in README order."""
+    commands = []
+    for line in README.splitlines():
+        if not line.startswith("    ") or line.startswith("     "):
+            continue
+        text = line.strip().split("&&")[-1].strip()  # `pip install ... && agentboost rollout -n 4`
+        words = shlex.split(text, comments=True)
+        if words[:1] == ["agentboost"] or words[:2] == ["DRY_RUN=1", "bash"]:
+            commands.append(words)
+    return commands
+
+
+def sized_down(words: list[str]) -> list[str]:
+    out = list(words)
+    for index, word in enumerate(out[:-1]):
+        if word in SMALL and not (word == "-n" and "Capitals" in " ".join(out)):
+            out[index + 1] = SMALL[word]
+    if out[1] in ("rollout", "eval") and "--compare" not in out:
+        out += SHORT
+    return out
+
+
+def run(words: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HOME": str(home)}
+    # HOME is a fresh folder (to see what the commands write there); the caches stay where they are
+    env["AGENTBOOST_HOME"] = os.environ.get("AGENTBOOST_HOME", str(Path.home() / ".cache" / "agentboost"))
+    env["HF_HOME"] = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    if words[0] == "DRY_RUN=1":
+        env.update(DRY_RUN="1", TRAIN_TASKS="8", VAL_TASKS="4")
+        command = ["bash", str(ROOT / words[2]), *words[3:]]
+    else:
+        command = [sys.executable, "-m", "agentboost.cli", *words[1:]]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_readme_lists_the_quick_starts_this_test_runs():
+    commands = [" ".join(words) for words in readme_commands()]
+    assert commands[0] == "agentboost rollout -n 4"
+    for expected in (
+        "agentboost rollout --env my_package.envs:Capitals",
+        "agentboost eval --env arithmetic",
+        "agentboost eval --compare runs/eval/base.json runs/eval/greedy.json",
+        "agentboost stats runs/eval/base.jsonl",
+        "agentboost view runs/eval/base.jsonl",
+        "agentboost export runs/eval/base.jsonl",
+        "DRY_RUN=1 bash examples/arithmetic/train_verl.sh",
+    ):
+        assert any(command.startswith(expected) for command in commands), expected
+    outs = [words[words.index("--out") + 1] for words in readme_commands() if "--out" in words]
+    assert len(outs) == len(set(outs)), f"two quick starts write the same file: {outs}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # about ten model-loading commands: minutes on a busy 2-core machine
+def test_the_quick_starts_run_in_the_order_written(tmp_path):
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    code = re.search(r"```python\n(.*?)```", README, re.DOTALL).group(1)
+    (work / "my_package").mkdir()
+    (work / "my_package" / "__init__.py").write_text("")
+    (work / "my_package" / "envs.py").write_text(code)
+    skipped = ("--env coding", "--env tau2")
+    for words in readme_commands():
+        if any(part in " ".join(words) for part in skipped):
+            continue
+        command = sized_down(words)
+        started = time.monotonic()
+        done = run(command, work, home)
+        print(f"{time.monotonic() - started:6.1f} s  {' '.join(command)}")
+        assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-3000:])
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert "Loading weights" not in done.stderr
+        joined = " ".join(command)
+        if joined.startswith("agentboost rollout -n"):
+            assert "mean reward" in done.stdout and (work / "runs" / "rollouts.jsonl").exists()
+        if "Capitals" in joined:  # the first example users copy shows a reward that moves
+            rewards = [result.reward for result in read_results(work / "runs" / "capitals.jsonl")]
+            assert len(rewards) == 2 * 2 and max(rewards) == 1.0, rewards
+        if "--compare" in joined:
+            assert "base" in done.stdout and "greedy" in done.stdout
+        if joined.startswith("agentboost export"):
+            assert "left out by the filters" in done.stdout or re.search(r"^\d+ rollouts ->", done.stdout)
+    for made in ("eval/base.json", "eval/greedy.json", "eval/base.stats.md"):
+        assert (work / "runs" / made).exists(), made
+    report = json.loads((work / "runs" / "eval" / "base.json").read_text())
+    assert report["rollouts"] == 2
+    assert (work / "report.html").stat().st_size > 0 and (work / "sft.jsonl").exists()
+    assert list((work / "runs" / "eval" / "plots").glob("*.png"))
+    assert not (home / "data").exists(), "the veRL dry run wrote its tasks into ~/data"
