@@ -1,7 +1,13 @@
-"""agentboost: train tool-using Strands agents with reinforcement learning, token-exact."""
+"""agentboost: train tool-using Strands agents with reinforcement learning, token-exact.
+
+What a user needs is importable from here: ``from agentboost import Environment, RunSpec,
+run_rollouts``. Each name is imported on first use, so ``import agentboost`` stays light (no torch,
+transformers or Strands until a name that needs them is touched).
+"""
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -9,4 +15,111 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+_PUBLIC: dict[str, str] = {
+    # writing an environment
+    "Environment": "agentboost.envs.base",
+    "Episode": "agentboost.envs.base",
+    "Task": "agentboost.envs.task",
+    "Reward": "agentboost.envs.base",
+    "RewardFunction": "agentboost.envs.base",
+    "UserTurn": "agentboost.agent.rollout",
+    "RolloutLimits": "agentboost.agent.limits",
+    "register_environment": "agentboost.envs.registry",
+    "make_environment": "agentboost.envs.registry",
+    # running and reading rollouts
+    "RunSpec": "agentboost.rollout.spec",
+    "run_rollouts": "agentboost.rollout.run",
+    "run_rollouts_async": "agentboost.rollout.run",
+    "RunSummary": "agentboost.rollout.runner",
+    "RolloutResult": "agentboost.envs.base",
+    "read_results": "agentboost.rollout.results",
+    "Trajectory": "agentboost.tokens.trajectory",
+    "TerminationReason": "agentboost.tokens.trajectory",
+    "SamplingParams": "agentboost.engines.base",
+    "Tokenizer": "agentboost.tokens.tokenizer",
+    "make_engine": "agentboost.engines.factory",
+    "load_tokenizer": "agentboost.engines.factory",
+    "run_agent": "agentboost.agent.rollout",
+    # evaluating
+    "evaluate_run": "agentboost.eval.evaluate",
+    "build_report": "agentboost.eval.evaluate",
+    # training
+    "TrainConfig": "agentboost.train.config",
+    "Trainer": "agentboost.train.trainer",
+    "SFTConfig": "agentboost.train.sft",
+    "SFTTrainer": "agentboost.train.sft",
+    # errors
+    "AgentBoostError": "agentboost.errors",
+    "ConfigError": "agentboost.errors",
+}
+"""Public name -> the module that defines it (imported when the name is first used)."""
+
+__all__ = [
+    "AgentBoostError",
+    "ConfigError",
+    "Environment",
+    "Episode",
+    "Reward",
+    "RewardFunction",
+    "RolloutLimits",
+    "RolloutResult",
+    "RunSpec",
+    "RunSummary",
+    "SFTConfig",
+    "SFTTrainer",
+    "SamplingParams",
+    "Task",
+    "TerminationReason",
+    "Tokenizer",
+    "TrainConfig",
+    "Trainer",
+    "Trajectory",
+    "UserTurn",
+    "__version__",
+    "build_report",
+    "evaluate_run",
+    "load_tokenizer",
+    "make_engine",
+    "make_environment",
+    "read_results",
+    "register_environment",
+    "run_agent",
+    "run_rollouts",
+    "run_rollouts_async",
+]
+"""The public names (each in :data:`_PUBLIC`, with its module)."""
+
+
+def __getattr__(name: str) -> object:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentboost' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the idiom)
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports on demand
+    from agentboost.agent.limits import RolloutLimits
+    from agentboost.agent.rollout import UserTurn, run_agent
+    from agentboost.engines.base import SamplingParams
+    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult
+    from agentboost.envs.registry import make_environment, register_environment
+    from agentboost.envs.task import Task
+    from agentboost.errors import AgentBoostError, ConfigError
+    from agentboost.eval.evaluate import build_report, evaluate_run
+    from agentboost.rollout.results import read_results
+    from agentboost.rollout.run import run_rollouts, run_rollouts_async
+    from agentboost.rollout.runner import RunSummary
+    from agentboost.rollout.spec import RunSpec
+    from agentboost.tokens.tokenizer import Tokenizer
+    from agentboost.tokens.trajectory import TerminationReason, Trajectory
+    from agentboost.train.config import TrainConfig
+    from agentboost.train.sft import SFTConfig, SFTTrainer
+    from agentboost.train.trainer import Trainer

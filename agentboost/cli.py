@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import importlib
 import json
 import os
 import sys
@@ -72,6 +73,28 @@ def _cmd_show(args: argparse.Namespace) -> int:
     )
 
 
+_COMMANDS = (
+    "agentboost.engines.serve_command:register_serve_command",  # serve
+    "agentboost.engines.serve_command:register_serve_vllm_command",  # serve-vllm
+    "agentboost.train.cli:register_train_command",  # train
+    "agentboost.train.cli:register_sft_command",  # sft
+)
+"""Every command beyond pull, rollout and show: ``module:function`` adding it to the subparsers, in
+``--help`` order (``data`` and its subcommands come next, then :data:`_LATER_COMMANDS`). A new
+command is one line here; its module is imported when the parser is built, so keep it light."""
+_DATA_COMMANDS = (
+    "agentboost.integrations.verl.cli:register_to_verl",  # data to-verl
+    "agentboost.envs.coding.cli:register_prepare_coding",  # data prepare-coding
+)
+_LATER_COMMANDS = (
+    "agentboost.integrations.verl.cli:register_doctor",  # doctor
+    "agentboost.eval.cli:register_commands",  # eval, stats, view
+    "agentboost.export.cli:register_export_command",  # export
+    "agentboost.gateway.command:register_gateway_command",  # gateway
+    "agentboost.envs.mcp.serve:register_commands",  # mcp serve
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one error line and a pointer to --help, not the whole usage."""
 
@@ -108,23 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--index", type=count(0), default=0, help="which result (0: the first)")
     show.set_defaults(func=_cmd_show)
 
-    from agentboost.engines.serve_command import register_serve_command, register_serve_vllm_command
-    from agentboost.eval.cli import register_commands as register_eval_commands
-    from agentboost.integrations.verl.cli import register_commands as register_verl_commands
-    from agentboost.train.cli import register_sft_command, register_train_command
-
-    register_serve_command(commands)
-    register_serve_vllm_command(commands)
-    register_train_command(commands)
-    register_sft_command(commands)
-    register_verl_commands(commands)
-    register_eval_commands(commands)
-
-    from agentboost.envs.mcp.serve import register_commands as register_mcp_commands
-    from agentboost.gateway.command import register_gateway_command
-
-    register_gateway_command(commands)
-    register_mcp_commands(commands)
+    for reference in _COMMANDS:
+        module, _, function = reference.partition(":")
+        getattr(importlib.import_module(module), function)(commands)
+    data = commands.add_parser("data", help="prepare training data")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    for reference in _DATA_COMMANDS:
+        module, _, function = reference.partition(":")
+        getattr(importlib.import_module(module), function)(data_commands)
+    for reference in _LATER_COMMANDS:
+        module, _, function = reference.partition(":")
+        getattr(importlib.import_module(module), function)(commands)
     return parser
 
 

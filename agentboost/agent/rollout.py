@@ -237,5 +237,21 @@ async def run_agent(
                 "engine_s": model.engine_s,
                 **model.engine_counts,
             },
-            info={"template": chat_template.name, "parser": parser, **(info or {})},
+            info={
+                "template": chat_template.name,
+                "parser": parser,
+                "sampling": sampling_record(sampling),
+                **(info or {}),
+            },
         )
+
+
+def sampling_record(sampling: SamplingParams) -> dict[str, Any]:
+    """How a rollout sampled, as its trajectory's ``info["sampling"]`` records it: temperature, top-p,
+    top-k and the rollout's seed (the per-turn token budget is the limits' ``max_new_tokens``)."""
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": sampling.seed,
+    }

@@ -1,4 +1,4 @@
-"""``agentboost eval``, ``stats``, ``view`` and ``export``: :func:`register_commands` adds them to the CLI."""
+"""``agentboost eval``, ``stats`` and ``view``: :func:`register_commands` adds them to the CLI."""
 
 from __future__ import annotations
 
@@ -189,10 +189,7 @@ def _add_view(commands: argparse._SubParsersAction) -> None:
 
 
 def register_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``eval``, ``stats``, ``view`` and ``export`` to the ``agentboost`` command's subparsers."""
-    from agentboost.export.cli import register_export_command
-
+    """Add ``eval``, ``stats`` and ``view`` to the ``agentboost`` command's subparsers."""
     _add_eval(commands)
     _add_stats(commands)
     _add_view(commands)
-    register_export_command(commands)

@@ -107,7 +107,11 @@ def register_export_command(commands: argparse._SubParsersAction) -> None:
         help="keep only this termination reason (repeatable; one of the termination table's reasons)",
     )
     export.add_argument("--scored-only", action="store_true", help="drop rollouts whose reward failed")
-    export.add_argument("--skip-failed", action="store_true", help="drop engine/template/agent failures")
+    export.add_argument(
+        "--skip-failed",
+        action="store_true",
+        help="drop failed rollouts (engine, template, agent, environment errors, crashed workers)",
+    )
     export.add_argument("--keep-failed", action="store_true", help="sft: keep failed rollouts too")
     export.add_argument(
         "--keep-parse-errors", action="store_true", help="sft: keep rollouts with malformed tool calls"

@@ -31,7 +31,8 @@ class ExportFilter:
     scored_only: bool = False
     """Drop rollouts whose reward could not be computed (``reward`` is None)."""
     skip_failed: bool = False
-    """Drop engine, template, agent and worker failures."""
+    """Drop rollouts whose ending the termination table marks failed (``TERMINATIONS``: engine,
+    template, agent, environment errors and crashed workers)."""
     skip_parse_errors: bool = False
     """Drop rollouts where the model wrote a malformed tool call (SFT on them teaches the mistake)."""
 
@@ -46,12 +47,9 @@ class ExportFilter:
             return False
         if self.terminations is not None and result.termination.value not in self.terminations:
             return False
-        if self.skip_failed and result.termination.value in _FAILED_ENDINGS:
+        if self.skip_failed and result.termination.failed:
             return False
         return not (self.skip_parse_errors and int(result.trajectory.metrics.get("parse_errors") or 0))
-
-
-_FAILED_ENDINGS = frozenset({"engine_error", "template_error", "agent_error", "worker_crashed"})
 
 
 # --- the chat form ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     termination    {"reason": one of TerminationReason, "detail": str | null}
     metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
                    latency_s, engine_s
-    info           free-form: model, template, sampling, environment facts
+    info           template, parser, sampling (temperature, top_p, top_k, seed), environment facts
     forked_rows    only when not empty: earlier training rows of the same rollout (a gateway session
                    whose agent rewrote its history, see docs/gateway.md), each a trajectory object
 

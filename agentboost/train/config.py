@@ -24,6 +24,30 @@ import yaml
 from agentboost.errors import ConfigError
 
 
+def _failing(checks: Sequence[tuple[bool, str]]) -> list[str]:
+    """The messages of the checks that failed, in order."""
+    return [message for ok, message in checks if not ok]
+
+
+def raise_first(problems: Sequence[str]) -> None:
+    """A ConfigError with the first problem found, if any."""
+    if problems:
+        raise ConfigError(problems[0])
+
+
+def run_problems(threads: int | None, output_dir: str) -> list[str]:
+    """What every training run checks outside its sections: torch threads and the output directory."""
+    return _failing(
+        [
+            (threads is None or threads >= 1, "threads must be >= 1 (or null for torch's default)"),
+            (
+                not Path(output_dir).exists() or Path(output_dir).is_dir(),
+                f"output_dir {output_dir} is a file; name a directory (it is created if missing)",
+            ),
+        ]
+    )
+
+
 @dataclass
 class ModelConfig:
     """The policy being trained."""
@@ -53,6 +77,9 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 
+    def problems(self) -> list[str]:
+        return _failing([(self.rank >= 1, "lora.rank must be >= 1")])
+
 
 @dataclass
 class EnvironmentConfig:
@@ -66,6 +93,16 @@ class EnvironmentConfig:
     """Size of the training pool (``split="train"``); None takes the environment's default."""
     task_seed: int = 0
     """Seed passed to ``Environment.tasks`` for both splits."""
+
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (
+                    self.train_tasks is None or self.train_tasks >= 1,
+                    "environment.train_tasks must be >= 1 (or null for the environment's default)",
+                )
+            ]
+        )
 
 
 @dataclass
@@ -97,6 +134,36 @@ class RolloutConfig:
     """vLLM server URL(s), comma-separated: rollouts come from them instead of the embedded engine, and
     the new weights are pushed to them before each step's rollouts (start them with
     ``agentboost serve-vllm --weight-sync``; see docs/vllm.md)."""
+
+    def problems(self) -> list[str]:
+        environments = "(or null for the environment's)"
+        return _failing(
+            [
+                (self.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1"),
+                (self.group_size >= 2, "rollout.group_size must be >= 2: a group needs a baseline"),
+                (self.temperature > 0, "rollout.temperature must be > 0: training samples the policy"),
+                (0 < self.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+                (self.top_k >= 0, "rollout.top_k must be >= 0 (0 disables it)"),
+                (self.concurrency >= 1, "rollout.concurrency must be >= 1"),
+                (self.retries >= 0, "rollout.retries must be >= 0 (0: no retries)"),
+                (
+                    0 <= self.max_failed_fraction <= 1,
+                    "rollout.max_failed_fraction must be in [0, 1] (1: never stop for failures)",
+                ),
+                *(
+                    (value is None or value >= 1, f"rollout.{name} must be >= 1 {environments}")
+                    for name, value in (
+                        ("max_turns", self.max_turns),
+                        ("max_new_tokens", self.max_new_tokens),
+                        ("max_total_tokens", self.max_total_tokens),
+                    )
+                ),
+                (
+                    self.timeout_s is None or self.timeout_s > 0,
+                    "rollout.timeout_s must be > 0 (or null for the environment's)",
+                ),
+            ]
+        )
 
 
 @dataclass
@@ -131,6 +198,21 @@ class AlgorithmConfig:
     """Truncated importance sampling: weight each token by min(pi_trainer / pi_rollout, tis_cap) to
     correct for rollout/trainer mismatch (e.g. 2.0). None: no correction, the mismatch is only logged."""
 
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (self.epochs >= 1, "algorithm.epochs must be >= 1"),
+                (self.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
+                (0 <= self.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),
+                (self.clip_high >= 0, "algorithm.clip_high must be >= 0"),
+                (self.kl_coef >= 0, "algorithm.kl_coef must be >= 0"),
+                (
+                    self.tis_cap is None or self.tis_cap > 0,
+                    "algorithm.tis_cap must be > 0 (or null to disable the correction)",
+                ),
+            ]
+        )
+
 
 @dataclass
 class OptimizerConfig:
@@ -152,6 +234,16 @@ class OptimizerConfig:
     """Gradient accumulation: each forward/backward holds at most this many (padded) tokens; a
     mini-batch is split into as many micro-batches as it needs, with the same gradient."""
 
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (self.lr > 0, "optimizer.lr must be > 0"),
+                (self.micro_batch_tokens >= 1, "optimizer.micro_batch_tokens must be >= 1"),
+                (self.warmup_steps >= 0, "optimizer.warmup_steps must be >= 0"),
+                (0 <= self.min_lr_ratio <= 1, "optimizer.min_lr_ratio must be in [0, 1]"),
+            ]
+        )
+
 
 @dataclass
 class EvalConfig:
@@ -166,6 +258,19 @@ class EvalConfig:
     max_new_tokens: int | None = None
     """None: as for training."""
 
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (self.tasks >= 1, "eval.tasks must be >= 1 (set eval.every: 0 to disable evaluation)"),
+                (
+                    self.max_new_tokens is None or self.max_new_tokens >= 1,
+                    "eval.max_new_tokens must be >= 1 (or null for the training value)",
+                ),
+                (self.every >= 0, "eval.every must be >= 0 (0 disables evaluation)"),
+                (self.samples >= 1, "eval.samples must be >= 1"),
+            ]
+        )
+
 
 @dataclass
 class CheckpointConfig:
@@ -179,6 +284,14 @@ class CheckpointConfig:
     """Continue from the latest checkpoint in ``output_dir`` when there is one."""
     save_final_model: bool = True
     """Write ``output_dir/final`` in the Hugging Face format (with the tokenizer) at the end."""
+
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (self.every >= 0, "checkpoint.every must be >= 0"),
+                (self.keep >= 1, "checkpoint.keep must be >= 1"),
+            ]
+        )
 
 
 @dataclass
@@ -219,72 +332,25 @@ class TrainConfig:
     """torch CPU threads; None leaves torch's default."""
 
     def validate(self) -> TrainConfig:
-        """Reject combinations that cannot train; returns self."""
-        checks = [
-            (self.steps >= 1, "steps must be >= 1"),
-            (self.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1"),
-            (self.rollout.group_size >= 2, "rollout.group_size must be >= 2: a group needs a baseline"),
-            (self.rollout.temperature > 0, "rollout.temperature must be > 0: training samples the policy"),
-            (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-            (self.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 disables it)"),
-            (self.rollout.concurrency >= 1, "rollout.concurrency must be >= 1"),
-            (self.rollout.retries >= 0, "rollout.retries must be >= 0 (0: no retries)"),
-            (
-                0 <= self.rollout.max_failed_fraction <= 1,
-                "rollout.max_failed_fraction must be in [0, 1] (1: never stop for failures)",
-            ),
-            *(
-                (value is None or value >= 1, f"rollout.{name} must be >= 1 (or null for the environment's)")
-                for name, value in (
-                    ("max_turns", self.rollout.max_turns),
-                    ("max_new_tokens", self.rollout.max_new_tokens),
-                    ("max_total_tokens", self.rollout.max_total_tokens),
-                )
-            ),
-            (
-                self.rollout.timeout_s is None or self.rollout.timeout_s > 0,
-                "rollout.timeout_s must be > 0 (or null for the environment's)",
-            ),
-            (
-                self.environment.train_tasks is None or self.environment.train_tasks >= 1,
-                "environment.train_tasks must be >= 1 (or null for the environment's default)",
-            ),
-            (self.lora.rank >= 1, "lora.rank must be >= 1"),
-            (self.eval.tasks >= 1, "eval.tasks must be >= 1 (set eval.every: 0 to disable evaluation)"),
-            (
-                self.eval.max_new_tokens is None or self.eval.max_new_tokens >= 1,
-                "eval.max_new_tokens must be >= 1 (or null for the training value)",
-            ),
-            (self.threads is None or self.threads >= 1, "threads must be >= 1 (or null for torch's default)"),
-            (
-                not Path(self.output_dir).exists() or Path(self.output_dir).is_dir(),
-                f"output_dir {self.output_dir} is a file; name a directory (it is created if missing)",
-            ),
-            (self.algorithm.epochs >= 1, "algorithm.epochs must be >= 1"),
-            (self.algorithm.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
-            (0 <= self.algorithm.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),
-            (self.algorithm.clip_high >= 0, "algorithm.clip_high must be >= 0"),
-            (self.algorithm.kl_coef >= 0, "algorithm.kl_coef must be >= 0"),
-            (
-                self.algorithm.tis_cap is None or self.algorithm.tis_cap > 0,
-                "algorithm.tis_cap must be > 0 (or null to disable the correction)",
-            ),
-            (self.optimizer.lr > 0, "optimizer.lr must be > 0"),
-            (self.optimizer.micro_batch_tokens >= 1, "optimizer.micro_batch_tokens must be >= 1"),
-            (self.optimizer.warmup_steps >= 0, "optimizer.warmup_steps must be >= 0"),
-            (0 <= self.optimizer.min_lr_ratio <= 1, "optimizer.min_lr_ratio must be in [0, 1]"),
-            (self.eval.every >= 0, "eval.every must be >= 0 (0 disables evaluation)"),
-            (self.eval.samples >= 1, "eval.samples must be >= 1"),
-            (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
-            (self.checkpoint.keep >= 1, "checkpoint.keep must be >= 1"),
-            (
-                self.time_limit_minutes is None or self.time_limit_minutes > 0,
-                "time_limit_minutes must be > 0 (or null for no limit)",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        """Reject combinations that cannot train; returns self. Each section checks its own fields
+        (``problems()``); the checks here are the run's own."""
+        sections = (self.rollout, self.environment, self.lora, self.eval, self.algorithm, self.optimizer)
+        raise_first(
+            [
+                *_failing([(self.steps >= 1, "steps must be >= 1")]),
+                *(problem for section in sections for problem in section.problems()),
+                *run_problems(self.threads, self.output_dir),
+                *self.checkpoint.problems(),
+                *_failing(
+                    [
+                        (
+                            self.time_limit_minutes is None or self.time_limit_minutes > 0,
+                            "time_limit_minutes must be > 0 (or null for no limit)",
+                        )
+                    ]
+                ),
+            ]
+        )
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from agentboost.train.config import (
     RolloutConfig,
 )
 from agentboost.train.logging import MetricsLogger
+from agentboost.train.loop import TrainingLoop
 from agentboost.train.policy import (
     PolicyModel,
     load_policy,
@@ -115,21 +115,23 @@ class SFTConfig:
     threads: int | None = None
 
     def validate(self) -> SFTConfig:
-        checks = [
+        """Reject settings that cannot train; returns self. The sections shared with the RL trainer
+        (``lora``, ``optimizer``, ``eval``, ``checkpoint``) check themselves as they do there."""
+        own = [
             (bool(self.data.paths), "data.paths is empty: name at least one JSONL file"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.epochs > 0, "epochs must be > 0"),
             (self.steps is None or self.steps >= 1, "steps must be >= 1 (or null to follow epochs)"),
-            (self.optimizer.lr > 0, "optimizer.lr must be > 0"),
-            (self.optimizer.micro_batch_tokens >= 1, "optimizer.micro_batch_tokens must be >= 1"),
             (self.data.max_tokens >= 2, "data.max_tokens must be >= 2"),
-            (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
-            (self.checkpoint.keep >= 1, "checkpoint.keep must be >= 1"),
-            (self.eval.every >= 0, "eval.every must be >= 0"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        sections = (self.lora, self.optimizer, self.eval, self.checkpoint)
+        config_module.raise_first(
+            [
+                *(message for ok, message in own if not ok),
+                *(problem for section in sections for problem in section.problems()),
+                *config_module.run_problems(self.threads, self.output_dir),
+            ]
+        )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,7 +325,7 @@ class SFTSummary:
     resumed_from: int | None
 
 
-class SFTTrainer:
+class SFTTrainer(TrainingLoop):
     """Runs :class:`SFTConfig`."""
 
     def __init__(self, config: SFTConfig) -> None:
@@ -358,7 +360,7 @@ class SFTTrainer:
     def batch_for_step(self, step: int) -> list[Example]:
         return schedule.items_for_step(self.examples, step, self.batch_size, self.config.seed)
 
-    def train_step(self, step: int) -> dict[str, float]:
+    def train_step(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """One optimizer step on the step's batch; returns sft/* and optim/* metrics."""
         started = time.perf_counter()
         lr = schedule.learning_rate(self.config.optimizer, step, self.total_steps)
@@ -409,7 +411,7 @@ class SFTTrainer:
 
     # --- held-out reward (optional) ----------------------------------------------------------------
 
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Held-out mean reward of ``eval.environment`` on ``split="test"`` (greedy by default)."""
         from agentboost.engines.local import LocalEngine
         from agentboost.envs.registry import make_environment
@@ -446,81 +448,42 @@ class SFTTrainer:
         self.eval_rewards[step] = metrics["eval/reward_mean"]
         return {**metrics, "eval/seconds": time.perf_counter() - started}
 
-    # --- the loop ----------------------------------------------------------------------------------
+    # --- the loop (TrainingLoop.train runs it) -------------------------------------------------------
 
-    def train(self) -> SFTSummary:
-        """Run (or resume) every step; checkpoints, metrics, optional evaluations, the final model."""
-        config = self.config
-        latest = self.checkpointer.load_latest(
-            self.model,
-            self.optimizer,
-            config=config.to_dict(),
-            resume=config.checkpoint.resume,
-            run_dir=self.run_dir,
-        )
-        if latest is not None:
-            _, state = latest
-            self.step = self.resumed_from = int(state["step"])
-            self.losses = {int(k): v for k, v in state.get("losses", {}).items()}
-            self.eval_rewards = {int(k): v for k, v in state.get("eval_rewards", {}).items()}
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        logger = MetricsLogger(
-            self.run_dir,
-            start_step=self.step,
-            config=config.to_dict(),
-            wandb_project=config.logging.wandb_project,
-            wandb_run_name=config.logging.wandb_run_name,
-            wandb_mode=config.logging.wandb_mode,
-        )
+    progress_name = "sft"
+    plots_without_evaluation = False
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.config.eval.every and self.config.eval.environment)
+
+    def started(self, logger: MetricsLogger) -> None:
         if self.resumed_from is None:
             logger.log(0, "data", self.data_report.as_metrics())
-        evaluate = bool(config.eval.every and config.eval.environment)
-        bar = None
-        if config.logging.progress:
-            from tqdm import tqdm
 
-            bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="sft", file=sys.stderr)
-        try:
-            while self.step < self.total_steps:
-                step = self.step
-                if evaluate and step % config.eval.every == 0 and step not in self.eval_rewards:
-                    logger.log(step, "eval", self.evaluate(step))
-                    logger.plot()
-                metrics = self.train_step(step)
-                self.losses[step] = metrics["sft/loss"]
-                logger.log(step, "train", metrics)
-                self.step = step + 1
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"loss {metrics['sft/loss']:.3f}", refresh=True)
-                every = config.checkpoint.every
-                if (every and self.step % every == 0) or self.step == self.total_steps:
-                    self._save()
-            if evaluate and self.step not in self.eval_rewards:
-                logger.log(self.step, "eval", self.evaluate(self.step))
-            if evaluate:
-                logger.plot()
-            if config.checkpoint.save_final_model:
-                self.save_model(self.run_dir / "final")
-        finally:
-            if bar is not None:
-                bar.close()
-            logger.close()
-            if self._engine is not None:
-                self._engine.close()
+    def finished_step(self, step: int, metrics: dict[str, float]) -> None:
+        self.losses[step] = metrics["sft/loss"]
+
+    def postfix(self, metrics: dict[str, float]) -> str:
+        return f"loss {metrics['sft/loss']:.3f}"
+
+    def summary(self) -> SFTSummary:
         return SFTSummary(
             self.step, self.run_dir, dict(self.losses), dict(self.eval_rewards), self.resumed_from
         )
 
-    def _save(self) -> Path:
-        state = {
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
             "examples_consumed": self.step * self.batch_size,
             "losses": {str(k): v for k, v in self.losses.items()},
-            "eval_rewards": {str(k): v for k, v in self.eval_rewards.items()},
-            "config": self.config.to_dict(),
         }
-        return self.checkpointer.save(self.step, self.model, self.optimizer, state)
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.losses = {int(k): v for k, v in state.get("losses", {}).items()}
 
     def save_model(self, directory: Path) -> None:
         """The fine-tuned policy in the Hugging Face format (LoRA: merged, so RL can start from it)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import sys
 import time
@@ -45,7 +44,7 @@ from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_ba
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits, step_results
 from agentboost.train.config import TrainConfig
-from agentboost.train.logging import MetricsLogger
+from agentboost.train.loop import TrainingLoop
 from agentboost.train.policy import (
     PolicyModel,
     load_policy,
@@ -81,7 +80,7 @@ class _Sums:
         return self.values.get(name, 0.0)
 
 
-class Trainer:
+class Trainer(TrainingLoop):
     """Runs :class:`TrainConfig`. Pass ``environment`` to train on an object instead of a reference."""
 
     def __init__(self, config: TrainConfig, *, environment: Environment | None = None) -> None:
@@ -192,75 +191,24 @@ class Trainer:
             on_result=on_result,
         )
 
-    # --- the loop --------------------------------------------------------------------------------
+    # --- the loop (TrainingLoop.train runs it) ---------------------------------------------------------
 
-    def train(self) -> TrainSummary:
-        """Run (or resume) every step, with evaluations and checkpoints; returns the held-out rewards."""
-        config = self.config
-        self.step = self._resume()
-        self._forget_future(self.step, fresh=self.resumed_from is None)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        logger = MetricsLogger(
-            self.run_dir,
-            start_step=self.step,
-            config=config.to_dict(),
-            wandb_project=config.logging.wandb_project,
-            wandb_run_name=config.logging.wandb_run_name,
-            wandb_mode=config.logging.wandb_mode,
-        )
-        bar = self._progress_bar()
-        started = time.monotonic()
-        limit_s = config.time_limit_minutes * 60 if config.time_limit_minutes else math.inf
-        try:
-            while self.step < config.steps and time.monotonic() - started < limit_s:
-                step = self.step
-                if config.eval.every and step % config.eval.every == 0:
-                    logger.log(step, "eval", self.evaluate(step, bar=bar))
-                    logger.plot()
-                metrics = self.train_step(step, bar=bar)
-                logger.log(step, "train", metrics)
-                self.step = step + 1
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(self._postfix(metrics), refresh=True)
-                every = config.checkpoint.every
-                out_of_time = time.monotonic() - started >= limit_s
-                if (every and self.step % every == 0) or self.step == config.steps or out_of_time:
-                    self.save_checkpoint()
-            if self.step < config.steps:
-                print(
-                    f"agentboost: stopped after step {self.step} of {config.steps}: "
-                    f"time_limit_minutes={config.time_limit_minutes} reached",
-                    file=sys.stderr,
-                )
-            if config.eval.every and self.step not in self.eval_rewards:
-                logger.log(self.step, "eval", self.evaluate(self.step, bar=bar))
-            logger.plot()
-            if config.checkpoint.save_final_model:
-                self.save_model(self.run_dir / "final")
-        finally:
-            if bar is not None:
-                bar.close()
-            logger.close()
-            self.engine.close()
+    @property
+    def total_steps(self) -> int:
+        return self.config.steps
+
+    @property
+    def time_limit_s(self) -> float:
+        minutes = self.config.time_limit_minutes
+        return minutes * 60 if minutes else math.inf
+
+    def summary(self) -> TrainSummary:
         return TrainSummary(self.step, self.run_dir, dict(self.eval_rewards), self.resumed_from)
 
-    def _progress_bar(self) -> Any:
-        if not self.config.logging.progress:
-            return None
-        from tqdm import tqdm
+    def close(self) -> None:
+        self.engine.close()
 
-        return tqdm(
-            total=self.config.steps,
-            initial=self.step,
-            unit="step",
-            desc="train",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
-
-    def _postfix(self, metrics: dict[str, float]) -> str:
+    def postfix(self, metrics: dict[str, float]) -> str:
         parts = [f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
         if self.eval_rewards:
             last = max(self.eval_rewards)
@@ -538,46 +486,13 @@ class Trainer:
                 for row, sample in enumerate(micro.samples):
                     sample.ref_logprobs = reference[row, : sample.length].cpu()
 
-    # --- checkpoints -----------------------------------------------------------------------------
+    # --- checkpoints (TrainingLoop saves and loads them) ----------------------------------------------
 
-    def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first."""
-        return self.checkpointer.list()
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"tasks_consumed": self.step * self.config.rollout.tasks_per_step}
 
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step_NNNNNN`` atomically (a killed save leaves no half checkpoint)."""
-        state = {
-            "tasks_consumed": self.step * self.config.rollout.tasks_per_step,
-            "eval_rewards": {str(k): v for k, v in self.eval_rewards.items()},
-            "config": self.config.to_dict(),
-        }
-        return self.checkpointer.save(self.step, self.model, self.optimizer, state)
-
-    def _resume(self) -> int:
-        """Load the latest checkpoint when resuming; returns the step to continue from."""
-        latest = self.checkpointer.load_latest(
-            self.model,
-            self.optimizer,
-            config=self.config.to_dict(),
-            resume=self.config.checkpoint.resume,
-            run_dir=self.run_dir,
-        )
-        if latest is None:
-            return 0
-        _, state = latest
-        return self._restore(state)
-
-    def load_checkpoint(self, path: Path) -> int:
-        """Restore weights, optimizer, step, evaluations and RNG states from ``path``; returns its step."""
-        return self._restore(
-            self.checkpointer.load(path, self.model, self.optimizer, config=self.config.to_dict())
-        )
-
-    def _restore(self, state: dict[str, Any]) -> int:
-        """The run's own facts from a loaded checkpoint's state.json; returns its step."""
-        self.eval_rewards = {int(k): v for k, v in state.get("eval_rewards", {}).items()}
-        self.resumed_from = int(state["step"])
-        return int(state["step"])
+    def resumed_at(self, step: int) -> None:
+        self._forget_future(step, fresh=self.resumed_from is None)
 
     def _forget_future(self, step: int, *, fresh: bool) -> None:
         """Delete rollouts and evaluations made by weights we no longer have.

@@ -163,3 +163,43 @@ def test_datasets_directory_round_trips(results, results_path, tmp_path):
     # filters apply to every format: the unscored sample is dropped with --scored-only
     assert main([*args, "--scored-only", "-o", str(tmp_path / "hf2")]) == 0
     assert load_from_disk(str(tmp_path / "hf2")).num_rows == 5
+
+
+def test_skip_failed_drops_every_ending_the_termination_table_marks_failed(qwen_tokenizer, say, tmp_path):
+    """An environment error is a failure (TERMINATIONS), so --skip-failed drops it like an engine error."""
+    import asyncio
+
+    from agentboost.engines.scripted import ScriptedEngine
+    from agentboost.envs.base import Environment
+    from agentboost.envs.task import Task
+    from agentboost.rollout.results import ResultStore
+    from agentboost.tokens.trajectory import TERMINATIONS
+
+    class ResetFails(Environment):
+        name = "reset-fails"
+
+        async def reset(self, task, *, sample=0):
+            if task.id == "broken":
+                raise RuntimeError("the database copy failed")
+            return await super().reset(task, sample=sample)
+
+        def reward(self, trajectory, episode):
+            return 1.0
+
+    environment = ResetFails()
+    engine = ScriptedEngine([say("Answer: 1")], cycle=True)
+
+    async def both():
+        tasks = [Task("fine", "Say 1."), Task("broken", "Say 1.")]
+        return [await environment.rollout(task, engine, qwen_tokenizer) for task in tasks]
+
+    fine, broken = asyncio.run(both())
+    assert broken.termination.value == "env_error" and TERMINATIONS[broken.termination].failed
+    path = tmp_path / "r.jsonl"
+    with ResultStore(path) as store:
+        store.write(fine)
+        store.write(broken)
+    out = tmp_path / "chat.jsonl"
+    assert main(["export", str(path), "-o", str(out), "--skip-failed"]) == 0
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(kept) == 1 and kept[0]["task_id"] == "fine"

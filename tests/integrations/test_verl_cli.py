@@ -1,25 +1,22 @@
-"""``agentboost data to-verl`` and ``agentboost doctor``, through the parser ``register_commands`` builds."""
+"""``agentboost data to-verl`` and ``agentboost doctor``, through the parser ``agentboost.cli`` builds."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
+from agentboost.cli import build_parser
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
-from agentboost.integrations.verl.cli import register_commands
 from agentboost.integrations.verl.data import read_row, task_rows
 
 
 def agentboost(*argv: str) -> int:
-    """What `agentboost ARGV` runs once the commands are registered in agentboost.cli."""
-    parser = argparse.ArgumentParser(prog="agentboost")
-    register_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
+    """What `agentboost ARGV` runs (errors raise, as the command's function raises them)."""
+    args = build_parser().parse_args(list(argv))
     return args.func(args)
 
 

@@ -44,11 +44,9 @@ exec "$REAL_PYTHON" "$@"
 
 AGENTBOOST_SHIM = """#!/usr/bin/env bash
 exec "$REAL_PYTHON" - "$@" <<'PY'
-import argparse, sys
-from agentboost.integrations.verl.cli import register_commands
-parser = argparse.ArgumentParser(prog="agentboost")
-register_commands(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args(sys.argv[1:])
+import sys
+from agentboost.cli import build_parser
+args = build_parser().parse_args(sys.argv[1:])
 sys.exit(args.func(args))
 PY
 """

@@ -14,6 +14,7 @@ from agentboost.engines.scripted import ScriptedEngine
 from agentboost.engines.server import start_server
 from agentboost.errors import ConfigError
 from agentboost.rollout.results import ResultStore, read_header, read_results
+from agentboost.rollout.runner import job_seed
 from agentboost.rollout.spec import NOT_COMPARED, RunSpec
 
 SPEC = RunSpec(
@@ -177,3 +178,11 @@ def test_the_results_header_workers_and_eval_report_carry_the_same_spec(qwen_tok
         return [(r.task_id, r.sample, r.trajectory.token_ids) for r in read_results(tmp_path / name)]
 
     assert sorted(rollouts("here.jsonl")) == sorted(rollouts("there.jsonl"))
+    # each trajectory records the sampling it was made with: the spec's, with its own seed
+    for result in read_results(tmp_path / "there.jsonl"):
+        assert result.trajectory.info["sampling"] == {
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "seed": job_seed(spec.seed, result.task_id, result.sample),
+        }

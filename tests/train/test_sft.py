@@ -196,10 +196,10 @@ def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_model_dir, 
     killed = SFTTrainer(sft_config(tiny_model_dir, chat_file, tmp_path / "resumed", *settings))
     real_step = killed.train_step
 
-    def dies_in_step_3(step: int):
+    def dies_in_step_3(step: int, **options):
         if step == 3:
             raise SimulatedKill()  # after the step-2 checkpoint, in the middle of a checkpoint interval
-        return real_step(step)
+        return real_step(step, **options)
 
     killed.train_step = dies_in_step_3
     with pytest.raises(SimulatedKill):
@@ -221,3 +221,22 @@ def test_overrides_are_checked_like_the_trainer(tmp_path):
         load_sft_config(None, ["data.paths=[x.jsonl]", "batch_sise=4"])
     with pytest.raises(ConfigError, match=r"data\.paths is empty"):
         load_sft_config(None, [])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("lora.rank=0", r"lora\.rank must be >= 1"),
+        ("optimizer.warmup_steps=-1", r"optimizer\.warmup_steps must be >= 0"),
+        ("optimizer.min_lr_ratio=1.5", r"optimizer\.min_lr_ratio must be in \[0, 1\]"),
+        ("checkpoint.keep=0", r"checkpoint\.keep must be >= 1"),
+    ],
+)
+def test_sections_shared_with_the_trainer_check_themselves_the_same_way(override, message):
+    """SFT and GRPO read the same sections, so the same bad value gets the same error in both."""
+    from agentboost.train.config import load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_sft_config(None, ["data.paths=[x.jsonl]", override])
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])

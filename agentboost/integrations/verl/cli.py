@@ -1,4 +1,4 @@
-"""``agentboost data to-verl`` and ``agentboost doctor``; :func:`register_commands` adds them to the CLI."""
+"""``agentboost data to-verl`` and ``agentboost doctor`` (listed in ``agentboost.cli``'s command table)."""
 
 from __future__ import annotations
 
@@ -36,11 +36,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ready else 1
 
 
-def register_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``data`` (with ``to-verl``) and ``doctor`` to the ``agentboost`` command's subparsers."""
-    data = commands.add_parser("data", help="prepare training data")
-    formats = data.add_subparsers(dest="data_command", required=True)
-    to_verl = formats.add_parser(
+def register_to_verl(data_commands: argparse._SubParsersAction) -> None:
+    """Add ``to-verl`` to ``agentboost data``."""
+    to_verl = data_commands.add_parser(
         "to-verl",
         help="write an environment's tasks as veRL parquet (one row per task, for agentboost's agent loop)",
     )
@@ -68,10 +66,10 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     )
     add_force_argument(to_verl)
     to_verl.set_defaults(func=_cmd_data_to_verl)
-    from agentboost.envs.coding.cli import register_prepare_coding
 
-    register_prepare_coding(formats)
 
+def register_doctor(commands: argparse._SubParsersAction) -> None:
+    """Add ``doctor`` to the ``agentboost`` command's subparsers."""
     doctor = commands.add_parser(
         "doctor", help="check verl, vllm, sglang, torch, transformers and strands-agents for veRL training"
     )
