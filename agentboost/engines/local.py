@@ -19,7 +19,8 @@ read). Requests admitted together that share a prefix the cache lacks (the sampl
 tasks with one system prompt) have that prefix prefilled once, inserted, then reused. A cached prefix
 sits left of a gap in the row's attention mask; positions are explicit, so the model computes the same
 thing as without the cache (tested: greedy ids equal, logprobs within 1e-5 in fp32). Memory is bounded
-by ``prefix_cache_bytes`` (LRU eviction of leaves). Weight updates clear it: call
+by ``prefix_cache_bytes`` (LRU eviction of leaves) and, with the running batch's KV, by
+``memory_budget_bytes``. Weight updates clear it: call
 :meth:`LocalEngine.weights_updated` after changing the model (the trainer does), and in-place changes
 through the parameters themselves (optimizer steps, ``load_state_dict``) are detected automatically from
 their version counters; KV computed under older weights is never inserted.
