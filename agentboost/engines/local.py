@@ -19,7 +19,8 @@ read). Requests admitted together that share a prefix the cache lacks (the sampl
 tasks with one system prompt) have that prefix prefilled once, inserted, then reused. A cached prefix
 sits left of a gap in the row's attention mask; positions are explicit, so the model computes the same
 thing as without the cache (tested: greedy ids equal, logprobs within 1e-5 in fp32). Memory is bounded
-by ``prefix_cache_bytes`` (LRU eviction of leaves). Weight updates clear it: call
+by ``prefix_cache_bytes`` (LRU eviction of leaves) and, with the running batch's KV, by
+``memory_budget_bytes``. Weight updates clear it: call
 :meth:`LocalEngine.weights_updated` after changing the model (the trainer does), and in-place changes
 through the parameters themselves (optimizer steps, ``load_state_dict``) are detected automatically from
 their version counters; KV computed under older weights is never inserted.
@@ -56,12 +57,15 @@ import torch
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
-from agentboost.errors import ContextLengthError, EngineError
+from agentboost.errors import ConfigError, ContextLengthError, EngineError
+from agentboost.memory import trim_heap
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 """1 GiB of KV: about 23k tokens of SmolLM2-135M in fp32, 18k of an 8-KV-head 7B model in bf16."""
+DEFAULT_MEMORY_BUDGET_BYTES = 2 << 30
+"""KV of the running batch and the prefix cache together: 2 GiB, 46k tokens of SmolLM2-135M in fp32."""
 MIN_SHARED_PREFIX = 16
 """Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
@@ -86,7 +90,11 @@ class _Request:
 class LocalEngine:
     """An :class:`~agentboost.engines.base.Engine` over a transformers causal LM, batched continuously.
 
-    ``prefix_cache_bytes`` bounds the KV kept for reuse across requests (0 disables the cache).
+    ``prefix_cache_bytes`` bounds the KV kept for reuse across requests (0 disables the cache);
+    ``memory_budget_bytes`` bounds the KV of the running batch and the prefix cache together: a request
+    joins the batch only while the batch's projected KV (every row at its prompt plus ``max_new_tokens``,
+    padded to the longest) fits beside the prefix cache, which gives up its least recently used entries
+    to make room. :meth:`close` frees all of it.
     """
 
     def __init__(
@@ -98,7 +106,12 @@ class LocalEngine:
         context_length: int | None = None,
         name: str | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
     ) -> None:
+        if memory_budget_bytes <= 0:
+            raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
+        if prefix_cache_bytes < 0:
+            raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables it), got {prefix_cache_bytes}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -120,7 +133,10 @@ class LocalEngine:
         self.steps = 0
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.memory_budget_bytes = memory_budget_bytes
+        self._prefix_cache_cap = min(prefix_cache_bytes, memory_budget_bytes)
+        self.prefix_cache = PrefixCache(self._prefix_cache_cap)
+        self._kv_token_bytes = _kv_bytes_per_token(model)  # None until measured when the config is silent
         self._weights_epoch = 0  # bumped by weights_updated() and by detected parameter changes
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
@@ -202,6 +218,11 @@ class LocalEngine:
         """A snapshot of the prefix cache's counters (hit rate, tokens, bytes, evictions)."""
         return replace(self.prefix_cache.stats)
 
+    def kv_bytes(self) -> int:
+        """Bytes of KV held now: the running batch's cache and the prefix cache."""
+        running = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._cache)
+        return running + self.prefix_cache.stats.bytes
+
     async def aclose(self) -> None:
         with self._wake:
             self._closed = True
@@ -209,6 +230,7 @@ class LocalEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
+        self._release()
 
     def close(self) -> None:
         """Synchronous close, for code outside an event loop."""
@@ -218,6 +240,13 @@ class LocalEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._release()
+
+    def _release(self) -> None:
+        """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
+        self._cache, self._mask = [], None
+        self.prefix_cache.clear()
+        trim_heap()
 
     def _raise_if_closed(self) -> None:
         if self._crash is not None:
@@ -266,9 +295,37 @@ class LocalEngine:
                 continue
             if admitted and tokens + len(request.prompt_ids) > self.max_prefill_tokens:
                 break
+            projected = self._reserved_bytes([*self._rows, *admitted, request])
+            if projected > self.memory_budget_bytes:
+                if self._rows or admitted:
+                    break  # it waits for rows to finish
+                self._queue.popleft()
+                budget, need = self.memory_budget_bytes / 2**20, projected / 2**20
+                message = (
+                    f"the request needs {need:.0f} MiB of KV ({len(request.prompt_ids)} prompt tokens + "
+                    f"max_new_tokens={request.sampling.max_new_tokens}) but the engine's "
+                    f"memory_budget_bytes is {budget:.0f} MiB; raise the budget or lower max_new_tokens"
+                )
+                self._resolve(request, EngineError(message))
+                continue
             admitted.append(self._queue.popleft())
             tokens += len(request.prompt_ids)
         return admitted
+
+    def _reserved_bytes(self, requests: Sequence[_Request]) -> int:
+        """The KV ``requests`` may hold together: each at its prompt plus max_new_tokens, padded."""
+        if not requests or self._kv_token_bytes is None:
+            return 0
+        longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in requests)
+        if self._context_length is not None:
+            longest = min(longest, self._context_length)
+        return len(requests) * longest * self._kv_token_bytes
+
+    def _fit_prefix_cache(self, running: Sequence[_Request]) -> None:
+        """Shrink the prefix cache's budget to what the running batch leaves of the memory budget."""
+        if self._prefix_cache_cap:
+            room = max(0, self.memory_budget_bytes - self._reserved_bytes(running))
+            self.prefix_cache.resize(min(self._prefix_cache_cap, room))
 
     def _fail_all(self, error: EngineError) -> None:
         with self._wake:
@@ -432,6 +489,7 @@ class LocalEngine:
         """Prefill new prompts together, sample their first token, add them to the batch."""
         started = time.perf_counter()
         epoch = self._sync_prefix_cache()
+        self._fit_prefix_cache([*self._rows, *requests])
         prompts = [request.prompt_ids for request in requests]
         warmed: dict[int, int] = {}  # request index -> prompt tokens it prefilled for its siblings
         if self.prefix_cache.enabled and len(requests) > 1:
@@ -445,6 +503,11 @@ class LocalEngine:
                     self.prefix_cache.stats.computed_tokens += len(prefix) - cached[row]
                 del layers, mask
         output, layers, mask, cached = self._prefill_rows(prompts)
+        if self._kv_token_bytes is None and layers:
+            self._kv_token_bytes = sum(
+                (k[:1, ..., :1, :].numel() * k.element_size() + v[:1, ..., :1, :].numel() * v.element_size())
+                for k, v in layers
+            )
         elapsed = time.perf_counter() - started
         stats = self.prefix_cache.stats
         for index, (request, length) in enumerate(zip(requests, cached, strict=True)):
@@ -571,6 +634,7 @@ class LocalEngine:
     def _retire(self, indices: list[int]) -> None:
         finished = set(indices)
         if self.prefix_cache.enabled:
+            self._fit_prefix_cache([r for i, r in enumerate(self._rows) if i not in finished])
             fresh = self._current_epoch() == self._cache_epoch
             for index in indices:
                 request = self._rows[index]
@@ -613,3 +677,19 @@ class LocalEngine:
             (k.index_select(0, selector)[:, :, first_real:], v.index_select(0, selector)[:, :, first_real:])
             for k, v in self._cache
         ]
+
+
+def _kv_bytes_per_token(model: Any) -> int | None:
+    """KV bytes one token costs across all layers, from the model's config (None when it does not say)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or (
+        text.hidden_size // heads if heads and getattr(text, "hidden_size", None) else None
+    )
+    if not (layers and kv_heads and head_dim):
+        return None
+    element = next(model.parameters()).element_size()
+    return int(layers * 2 * kv_heads * head_dim * element)

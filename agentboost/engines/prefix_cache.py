@@ -98,6 +98,7 @@ class PrefixCache:
         if budget_bytes < 0:
             raise ValueError(f"the prefix cache budget must be >= 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes
+        self._enabled = budget_bytes > 0
         self._root = _Node((), None, None)
         self._clock = itertools.count(1)
         self._tokens = 0
@@ -107,7 +108,8 @@ class PrefixCache:
 
     @property
     def enabled(self) -> bool:
-        return self.budget_bytes > 0
+        """Created with a budget (a :meth:`resize` to 0 empties the cache but keeps it enabled)."""
+        return self._enabled
 
     # --- lookup ----------------------------------------------------------------------------------
 
@@ -242,6 +244,12 @@ class PrefixCache:
             else:
                 leaves.append(node)
         return leaves
+
+    def resize(self, budget_bytes: int) -> None:
+        """Change the budget (0 keeps nothing), evicting least recently used leaves down to it."""
+        self.budget_bytes = self.stats.budget_bytes = max(0, budget_bytes)
+        if self._bytes > self.budget_bytes:
+            self._make_room(0, keep=self._root)
 
     def clear(self) -> None:
         """Drop every entry (the weights changed)."""

@@ -12,11 +12,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from agentboost.errors import ConfigError
 from agentboost.train import algorithms
 from agentboost.train.batching import TokenBatch
 from agentboost.train.config import LoraConfig, ModelConfig, OptimizerConfig
+
+LOGIT_CHUNK_ROWS = 512
+"""Positions whose vocabulary-wide logits exist at once in :meth:`PolicyModel.logprobs` (96 MiB in fp32
+for a 49k vocabulary)."""
 
 
 def resolve_device(model: ModelConfig) -> torch.device:
@@ -140,13 +145,31 @@ class PolicyModel:
     def logprobs(
         self, batch: TokenBatch, temperature: float, *, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, T] logprobs of the target ids (0 where loss_mask is 0), and [B, T] entropy if asked."""
+        """[B, T] logprobs of the target ids (0 where loss_mask is 0), and [B, T] entropy if asked.
+
+        The [N, V] logits are taken ``LOGIT_CHUNK_ROWS`` positions at a time and, when gradients are
+        on, recomputed in the backward pass instead of kept: the head's memory no longer grows with
+        the number of generated tokens in a micro-batch (49k-vocabulary fp32 logits cost 192 KiB a
+        position, three times over with the softmax and its gradient).
+        """
         hidden = self.decoder(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
         ).last_hidden_state  # [B, T, H]
         rows, columns = batch.loss_mask.nonzero(as_tuple=True)  # [N], [N]
-        logits = self.head(hidden[rows, columns])  # [N, V]
-        token_logprobs = algorithms.token_logprobs(logits, batch.target_ids[rows, columns], temperature)
+        picked, targets = hidden[rows, columns], batch.target_ids[rows, columns]  # [N, H], [N]
+        pieces, entropies = [], []
+        for start in range(0, picked.shape[0], LOGIT_CHUNK_ROWS):
+            inputs = (picked[start : start + LOGIT_CHUNK_ROWS], targets[start : start + LOGIT_CHUNK_ROWS])
+            if torch.is_grad_enabled() and picked.requires_grad:
+                piece, chunk_entropy = checkpoint(
+                    self._head, *inputs, temperature, with_entropy, use_reentrant=False
+                )
+            else:
+                piece, chunk_entropy = self._head(*inputs, temperature, with_entropy)
+            pieces.append(piece)
+            entropies.append(chunk_entropy)
+        empty = hidden.new_zeros((0,), dtype=torch.float32)
+        token_logprobs = torch.cat(pieces) if pieces else empty
         shape = batch.loss_mask.shape
         logprobs = torch.zeros(shape, dtype=torch.float32, device=hidden.device).index_put(
             (rows, columns), token_logprobs
@@ -154,5 +177,15 @@ class PolicyModel:
         entropy = None
         if with_entropy:
             entropy = torch.zeros(shape, dtype=torch.float32, device=hidden.device)
-            entropy[rows, columns] = algorithms.entropy_from_logits(logits.detach(), temperature)
+            entropy[rows, columns] = torch.cat(entropies) if entropies else empty
         return logprobs, entropy
+
+    def _head(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs of ``targets`` (and their entropy, when asked; else empty) from [n, H] hidden states."""
+        logits = self.head(hidden)  # [n, V]
+        logprobs = algorithms.token_logprobs(logits, targets, temperature)
+        if not with_entropy:
+            return logprobs, logprobs.new_zeros((0,))
+        return logprobs, algorithms.entropy_from_logits(logits.detach(), temperature)

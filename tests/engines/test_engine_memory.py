@@ -1,0 +1,84 @@
+"""The embedded engine's memory: one budget for the running batch's KV and the prefix cache, freed."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+from conftest import run, tiny_qwen3
+
+from agentboost.engines.base import SamplingParams
+from agentboost.engines.local import LocalEngine, _kv_bytes_per_token
+from agentboost.errors import ConfigError, EngineError
+from agentboost.memory import resident_bytes, trim_heap
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=10)
+
+
+def prompts(count: int, length: int, start: int = 1000) -> list[list[int]]:
+    return [list(range(start + 97 * i, start + 97 * i + length)) for i in range(count)]
+
+
+async def serve(engine: LocalEngine, requests: list[list[int]], sampling: SamplingParams = GREEDY):
+    try:
+        return await asyncio.gather(*(engine.generate(ids, sampling) for ids in requests))
+    finally:
+        await engine.aclose()
+
+
+def test_the_budget_caps_the_batch_and_the_cache_and_changes_no_result(random_qwen3):
+    per_token = _kv_bytes_per_token(random_qwen3)
+    assert per_token == 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head_dim x fp32
+    requests = prompts(8, 40)
+    budget = 3 * (40 + GREEDY.max_new_tokens) * per_token  # three rows at their longest
+    bounded = LocalEngine(random_qwen3, memory_budget_bytes=budget)
+    free = LocalEngine(random_qwen3)
+    within = run(serve(bounded, requests))
+    reference = run(serve(free, requests))
+    assert 1 <= bounded.max_batch_seen <= 3 < free.max_batch_seen
+    assert [r.token_ids for r in within] == [r.token_ids for r in reference]
+    assert bounded.prefix_cache.stats.budget_bytes <= budget
+
+
+def test_the_prefix_cache_gives_way_to_the_running_batch(random_qwen3):
+    per_token = _kv_bytes_per_token(random_qwen3)
+    budget = 4 * 50 * per_token
+    engine = LocalEngine(random_qwen3, memory_budget_bytes=budget)
+
+    async def main():
+        for wave in range(3):  # each wave fills the cache, the next needs the room back
+            await asyncio.gather(
+                *(engine.generate(ids, GREEDY) for ids in prompts(4, 40, 2000 + 5000 * wave))
+            )
+            assert engine.kv_bytes() <= budget
+            engine.prefix_cache.check_invariants()
+        await engine.aclose()
+
+    run(main())
+    assert engine.prefix_cache.stats.evicted_tokens > 0 and engine.kv_bytes() == 0
+
+
+def test_a_request_over_the_budget_is_refused_and_bad_budgets_too(random_qwen3):
+    engine = LocalEngine(random_qwen3, memory_budget_bytes=1000)
+    with pytest.raises(EngineError, match="memory_budget_bytes"):
+        run(serve(engine, prompts(1, 40)))
+    for options in ({"memory_budget_bytes": 0}, {"prefix_cache_bytes": -1}):
+        with pytest.raises(ConfigError):
+            LocalEngine(random_qwen3, **options)
+
+
+def test_closed_engines_hold_no_kv_and_many_of_them_keep_memory_flat():
+    model = tiny_qwen3(hidden=256)  # 2 layers x 2 kv heads x 64: 2 KiB of KV a token
+    requests = prompts(16, 300)
+    kept, marks = [], []
+    for _ in range(8):  # kept referenced, as a test suite or a trainer's evaluations keep them
+        engine = LocalEngine(model)
+        run(serve(engine, requests, SamplingParams(temperature=0, max_new_tokens=2)))
+        assert engine.kv_bytes() == 0
+        kept.append(engine)
+        gc.collect()  # the finished event loops' reference cycles
+        trim_heap()
+        marks.append(resident_bytes())
+    per_engine = 16 * 302 * _kv_bytes_per_token(model)  # what each engine's prefix cache held: 9.4 MiB
+    assert marks[-1] - marks[1] < 2 * per_engine, [m / 2**20 for m in marks]
