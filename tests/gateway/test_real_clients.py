@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import QUESTION, SYSTEM, add, multiply, run
+from exactness_support import RecordingEngine
 from gateway_support import anthropic_agent, openai_agent, serving
 from transformers import AutoModelForCausalLM
 
@@ -15,24 +16,6 @@ from agentboost.engines.local import LocalEngine
 from agentboost.tokens.trajectory import TerminationReason
 
 GREEDY = SamplingParams(temperature=0)
-
-
-class RecordingEngine:
-    """Delegates to an engine and keeps every prompt it was sent."""
-
-    def __init__(self, engine):
-        self.engine, self.prompts = engine, []
-
-    @property
-    def context_length(self):
-        return self.engine.context_length
-
-    async def generate(self, prompt_ids, sampling):
-        self.prompts.append(list(prompt_ids))
-        return await self.engine.generate(prompt_ids, sampling)
-
-    async def aclose(self):
-        await self.engine.aclose()
 
 
 @pytest.fixture(scope="module")
