@@ -18,7 +18,7 @@ def test_default_model_eval_then_every_inspection_command(tmp_path, capsys):
     args = ["eval", "--env", "arithmetic", "-n", "1", "--samples", "2", "--out", str(out), "--quiet"]
     assert main([*args, "--max-new-tokens", "48", "--max-turns", "2"]) == 0
     report = json.loads((tmp_path / "eval.json").read_text())
-    assert report["rollouts"] == 2 and report["model"] == DEFAULT_MODEL
+    assert report["rollouts"] == 2 and report["run"]["model"] == DEFAULT_MODEL
     assert set(report["pass@k"]) == {"1", "2"} and report["tokens"]["generated_total"] > 0
     results = list(read_results(out))
     assert len(results) == 2

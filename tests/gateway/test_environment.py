@@ -20,7 +20,7 @@ from agentboost.eval.evaluate import evaluate
 from agentboost.gateway.environment import AgentContext, GatewayEnvironment
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
-from agentboost.train.config import AlgorithmConfig
+from agentboost.train.config import AlgorithmConfig, RolloutConfig
 from agentboost.train.trainer import Trainer
 
 EXAMPLE_AGENT = Path(__file__).parents[2] / "examples" / "gateway" / "openai_agent.py"
@@ -166,7 +166,7 @@ def test_forked_rows_survive_evaluation_and_each_trains_with_the_rollouts_advant
     assert all(len(r.trajectory.training_rows) == 2 for r in results)
     # one GRPO group of two rollouts: four rows, each with its rollout's advantage
     group = [RolloutResult("same", r.sample, r.trajectory, r.reward) for r in results]
-    trainer = SimpleNamespace(config=SimpleNamespace(algorithm=AlgorithmConfig()))
+    trainer = SimpleNamespace(config=SimpleNamespace(algorithm=AlgorithmConfig(), rollout=RolloutConfig()))
     samples, _ = Trainer.make_samples(trainer, group)
     assert len(samples) == 4 and [s.index for s in samples] == [0, 1, 2, 3]
     by_reward = {}
