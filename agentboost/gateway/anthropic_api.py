@@ -15,13 +15,16 @@ from typing import Any
 
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
+    WireMemo,
     bad_request,
     number_field,
+    parse_messages,
     positive_int_field,
     stop_ids,
     text_of_parts,
     tool_schema,
 )
+from agentboost.tokens.templates import Message
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -40,8 +43,11 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     }
 
 
-def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool]:
-    """(request, stream) from a Messages body; GatewayError when it is malformed."""
+def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool]:
+    """(request, stream) from a Messages body; GatewayError when it is malformed.
+
+    ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.
+    """
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
     raw_messages = body.get("messages")
@@ -49,28 +55,7 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool]:
         raise bad_request("'messages' must be a non-empty list of messages")
     system = body.get("system")
     system_text = None if system is None else text_of_parts(_text_blocks(system), "system")
-    messages: list[dict[str, Any]] = []
-    for index, message in enumerate(raw_messages):
-        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
-            raise bad_request(f"messages[{index}] must be an object with role 'user' or 'assistant'")
-        blocks = _blocks(message.get("content"), index)
-        if message["role"] == "assistant":
-            messages.append(_assistant(blocks, index))
-            continue
-        texts = []
-        for block in blocks:
-            if block.get("type") == "tool_result":
-                content = block.get("content", "")
-                text = text_of_parts(_text_blocks(content), f"messages[{index}] tool_result content")
-                messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-            elif block.get("type") == "text":
-                texts.append(block)
-            else:
-                raise bad_request(
-                    f"messages[{index}]: user blocks of type {block.get('type')!r} are not supported"
-                )
-        if texts:
-            messages.append({"role": "user", "content": text_of_parts(texts, f"messages[{index}]")})
+    parsed = parse_messages("anthropic", raw_messages, _message, memo)
     tools = [
         tool_schema(tool.get("name"), tool.get("description"), tool.get("input_schema"), index)
         if isinstance(tool, Mapping)
@@ -78,7 +63,9 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool]:
         for index, tool in enumerate(body.get("tools") or ())
     ]
     request = ChatRequest(
-        messages=messages,
+        messages=parsed.messages,
+        keys=parsed.keys,
+        memo=parsed,
         system=system_text or None,
         tools=tools,
         max_tokens=positive_int_field(body.get("max_tokens"), "max_tokens"),
@@ -87,6 +74,31 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool]:
         stop_token_ids=stop_ids(body.get("stop_sequences"), tokenizer, "stop_sequences"),
     )
     return request, body.get("stream") is True
+
+
+def _message(message: Any, index: int) -> list[Message]:
+    """One wire message as chat messages: a user message's tool results come first, then its text."""
+    if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
+        raise bad_request(f"messages[{index}] must be an object with role 'user' or 'assistant'")
+    blocks = _blocks(message.get("content"), index)
+    if message["role"] == "assistant":
+        return [_assistant(blocks, index)]
+    messages: list[Message] = []
+    texts = []
+    for block in blocks:
+        if block.get("type") == "tool_result":
+            content = block.get("content", "")
+            text = text_of_parts(_text_blocks(content), f"messages[{index}] tool_result content")
+            messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+        elif block.get("type") == "text":
+            texts.append(block)
+        else:
+            raise bad_request(
+                f"messages[{index}]: user blocks of type {block.get('type')!r} are not supported"
+            )
+    if texts:
+        messages.append({"role": "user", "content": text_of_parts(texts, f"messages[{index}]")})
+    return messages
 
 
 def _text_blocks(content: Any) -> Any:

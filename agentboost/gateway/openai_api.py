@@ -19,13 +19,16 @@ from typing import Any
 
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
+    WireMemo,
     bad_request,
     number_field,
+    parse_messages,
     positive_int_field,
     stop_ids,
     text_of_parts,
     tool_schema,
 )
+from agentboost.tokens.templates import Message
 
 _REFUSED = {
     "logit_bias": "logit_bias is not supported (the gateway never changes the model's distribution)",
@@ -49,8 +52,11 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
 
 
-def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool, bool]:
-    """(request, stream, include_usage) from a Chat Completions body; GatewayError when it is malformed."""
+def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool, bool]:
+    """(request, stream, include_usage) from a Chat Completions body; GatewayError when it is malformed.
+
+    ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.
+    """
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
     for key, reason in _REFUSED.items():
@@ -62,32 +68,10 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool, bool]:
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise bad_request("'messages' must be a non-empty list of chat messages")
-    system: str | None = None
-    messages: list[dict[str, Any]] = []
-    for index, message in enumerate(raw_messages):
-        if not isinstance(message, Mapping):
-            raise bad_request(f"messages[{index}] must be an object")
-        role = message.get("role")
-        if role in ("system", "developer"):
-            if messages or system is not None:
-                raise bad_request(f"messages[{index}]: a system message is only allowed first")
-            system = text_of_parts(message.get("content"), f"messages[{index}].content")
-        elif role == "user":
-            messages.append(
-                {"role": "user", "content": text_of_parts(message.get("content"), f"messages[{index}]")}
-            )
-        elif role == "assistant":
-            messages.append(_assistant(message, index))
-        elif role == "tool":
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str):
-                raise bad_request(f"messages[{index}]: a tool message needs a 'tool_call_id' string")
-            content = text_of_parts(message.get("content"), f"messages[{index}].content")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
-        else:
-            raise bad_request(
-                f"messages[{index}]: unknown role {role!r}; use system, user, assistant or tool"
-            )
+    parsed = parse_messages("openai", raw_messages, _message, memo)
+    messages, keys, system = parsed.messages, parsed.keys, None
+    if messages and messages[0]["role"] == "system":
+        system, messages, keys = messages[0]["content"], messages[1:], keys[1:]
     tools = []
     for index, tool in enumerate(body.get("tools") or ()):
         function = tool.get("function") if isinstance(tool, Mapping) else None
@@ -100,6 +84,8 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool, bool]:
     stop = body.get("stop")
     request = ChatRequest(
         messages=messages,
+        keys=keys,
+        memo=parsed,
         system=system,
         tools=tools,
         max_tokens=positive_int_field(max_tokens, "max_tokens"),
@@ -110,6 +96,30 @@ def parse_request(body: Any, tokenizer: Any) -> tuple[ChatRequest, bool, bool]:
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}
     return request, stream, bool(isinstance(options, Mapping) and options.get("include_usage"))
+
+
+def _message(message: Any, index: int) -> list[Message]:
+    """One wire message as chat messages (a system message, only first, keeps its role here)."""
+    if not isinstance(message, Mapping):
+        raise bad_request(f"messages[{index}] must be an object")
+    role = message.get("role")
+    if role in ("system", "developer"):
+        if index:
+            raise bad_request(f"messages[{index}]: a system message is only allowed first")
+        return [
+            {"role": "system", "content": text_of_parts(message.get("content"), f"messages[{index}].content")}
+        ]
+    if role == "user":
+        return [{"role": "user", "content": text_of_parts(message.get("content"), f"messages[{index}]")}]
+    if role == "assistant":
+        return [_assistant(message, index)]
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise bad_request(f"messages[{index}]: a tool message needs a 'tool_call_id' string")
+        content = text_of_parts(message.get("content"), f"messages[{index}].content")
+        return [{"role": "tool", "tool_call_id": call_id, "content": content}]
+    raise bad_request(f"messages[{index}]: unknown role {role!r}; use system, user, assistant or tool")
 
 
 def _assistant(message: Mapping[str, Any], index: int) -> dict[str, Any]:

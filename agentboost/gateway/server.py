@@ -234,7 +234,7 @@ class Gateway:
         return handle
 
     async def _openai(self, request: web.Request, session: GatewaySession, body: Any) -> web.StreamResponse:
-        chat, stream, include_usage = openai_api.parse_request(body, self.tokenizer)
+        chat, stream, include_usage = openai_api.parse_request(body, self.tokenizer, session.wire_memo)
         served = await _shielded(session.complete(chat))
         if not stream:
             return web.json_response(openai_api.response(served, self.model_name))
@@ -244,7 +244,7 @@ class Gateway:
     async def _anthropic(
         self, request: web.Request, session: GatewaySession, body: Any
     ) -> web.StreamResponse:
-        chat, stream = anthropic_api.parse_request(body, self.tokenizer)
+        chat, stream = anthropic_api.parse_request(body, self.tokenizer, session.wire_memo)
         served = await _shielded(session.complete(chat))
         if not stream:
             return web.json_response(anthropic_api.response(served, self.model_name))

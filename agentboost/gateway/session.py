@@ -58,45 +58,16 @@ class GatewayError(Exception):
         self.code = code
 
 
-@dataclass
-class ChatRequest:
-    """One chat request in the gateway's own terms, whichever API it came through.
-
-    ``messages`` are OpenAI-style chat messages without the system prompt: ``user`` and ``tool``
-    messages with text ``content``; ``assistant`` messages with text ``content`` and ``tool_calls``
-    whose ``function.arguments`` are parsed objects (a string when the client sent invalid JSON).
-    """
-
-    messages: list[Message]
-    system: str | None = None
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    """OpenAI function schemas: ``{"type": "function", "function": {name, description, parameters}}``."""
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass
-class ServedTurn:
-    """What one request got: the turn, its assistant message (tool calls with their ids), token counts."""
-
-    turn: GeneratedTurn
-    message: Message
-    prompt_tokens: int
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.turn.token_ids)
-
-
 def _arguments_key(arguments: Any) -> str:
     return (
         arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, ensure_ascii=False)
     )
 
 
-def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
+MessageKey = tuple[Any, ...]
+
+
+def message_key(message: Mapping[str, Any]) -> MessageKey:
     """What makes two chat messages the same for extension: roles, texts, call ids, names, arguments.
 
     Reasoning is not part of it: clients drop it, and the session holds its tokens anyway.
@@ -114,12 +85,52 @@ def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 @dataclass
+class ChatRequest:
+    """One chat request in the gateway's own terms, whichever API it came through.
+
+    ``messages`` are OpenAI-style chat messages without the system prompt: ``user`` and ``tool``
+    messages with text ``content``; ``assistant`` messages with text ``content`` and ``tool_calls``
+    whose ``function.arguments`` are parsed objects (a string when the client sent invalid JSON).
+    """
+
+    messages: list[Message]
+    keys: list[MessageKey] | None = None
+    """Each message's :func:`message_key` (the front ends fill it from their memo; else computed)."""
+    memo: Any = None
+    """The front end's :class:`~agentboost.gateway.wire.WireMemo` of this request, kept by the session."""
+    system: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI function schemas: ``{"type": "function", "function": {name, description, parameters}}``."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.keys is None:
+            self.keys = [message_key(message) for message in self.messages]
+
+
+@dataclass
+class ServedTurn:
+    """What one request got: the turn, its assistant message (tool calls with their ids), token counts."""
+
+    turn: GeneratedTurn
+    message: Message
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.turn.token_ids)
+
+
+@dataclass
 class _Row:
     """One training row: its buffer, the chat view, and the message keys it has served."""
 
     buffer: TokenBuffer
     messages: list[Message]
-    served: list[tuple[Any, ...]]
+    served: list[MessageKey]
     tool_names: dict[str, str] = field(default_factory=dict)
     """Tool-call id -> tool name, for the tool messages that answer them."""
     tool_calls: int = 0
@@ -174,6 +185,8 @@ class GatewaySession:
         self.engine_s = 0.0
         self.engine_counts: dict[str, float] = {}
         self.last_request: ChatRequest | None = None
+        self.wire_memo: Any = None
+        """The last request's wire messages and their translation, reused by the next request's parse."""
         self.termination: TerminationReason | None = None
         self.termination_detail: str | None = None
         self.ended = asyncio.Event()
@@ -186,6 +199,7 @@ class GatewaySession:
     async def complete(self, request: ChatRequest) -> ServedTurn:
         """Generate the next assistant turn for ``request``. Raises :class:`GatewayError`."""
         async with self._lock:
+            self.wire_memo = request.memo
             if self.termination is not None:
                 raise GatewayError(
                     400,
@@ -205,7 +219,7 @@ class GatewaySession:
             return await self._generate(row, request)
 
     def _row_for(self, request: ChatRequest) -> _Row:
-        keys = [message_key(message) for message in request.messages]
+        keys: list[MessageKey] = request.keys  # type: ignore[assignment]
         if self.row is None:
             return self._start_row(request, keys)
         row = self.row
@@ -243,29 +257,16 @@ class GatewaySession:
             self.dropped_rows += 1
         return self._start_row(request, keys)
 
-    def _find_drift(
-        self, row: _Row, request: ChatRequest, keys: list[tuple[Any, ...]]
-    ) -> tuple[str, int] | None:
+    def _find_drift(self, row: _Row, request: ChatRequest, keys: list[MessageKey]) -> tuple[str, int] | None:
         """None when ``request`` extends ``row``; else (reason, first differing message position)."""
         if (request.system or None) != (self.system or None):
             return "system_changed", 0
         if request.tools != self.tools:
             return "tools_changed", 0
         served = row.served
-        for position, (sent, kept) in enumerate(zip(keys, served, strict=False)):
-            if sent == kept:
-                continue
-            for skipped in range(1, len(served) - position):  # messages left out, the rest kept
-                if keys[position : len(served) - skipped] == served[position + skipped :]:
-                    return "turn_dropped", position
-            if sent[0] == kept[0] == "assistant":
-                return "assistant_edited", position
-            if sent[0] == kept[0] == "tool":
-                sent_block = _tool_block(keys, position)
-                kept_block = _tool_block(served, position)
-                if sorted(sent_block, key=repr) == sorted(kept_block, key=repr):
-                    return "tool_results_reordered", position
-            return "message_changed", position
+        common = min(len(keys), len(served))
+        if keys[:common] != served[:common]:  # one comparison in C; the usual case is equal
+            return _changed_message(keys, served)
         if len(keys) == len(served) - 1:
             return "request_repeated", len(keys)  # a retry of the last request: it was answered already
         if len(keys) < len(served):
@@ -277,7 +278,7 @@ class GatewaySession:
             return "turn_not_generated", len(served)  # the previous request failed before its turn
         return None
 
-    def _start_row(self, request: ChatRequest, keys: list[tuple[Any, ...]]) -> _Row:
+    def _start_row(self, request: ChatRequest, keys: list[MessageKey]) -> _Row:
         self.system, self.tools = request.system, list(request.tools)
         tool_names = {
             call["id"]: call["function"]["name"]
@@ -449,7 +450,26 @@ class GatewaySession:
         }
 
 
-def _tool_block(keys: Sequence[tuple[Any, ...]], position: int) -> list[tuple[Any, ...]]:
+def _changed_message(keys: Sequence[MessageKey], served: Sequence[MessageKey]) -> tuple[str, int]:
+    """Why the sent ``keys`` differ from the ``served`` ones, and the first position where they do."""
+    for position, (sent, kept) in enumerate(zip(keys, served, strict=False)):
+        if sent == kept:
+            continue
+        for skipped in range(1, len(served) - position):  # messages left out, the rest kept
+            if keys[position : len(served) - skipped] == served[position + skipped :]:
+                return "turn_dropped", position
+        if sent[0] == kept[0] == "assistant":
+            return "assistant_edited", position
+        if sent[0] == kept[0] == "tool":
+            sent_block = _tool_block(keys, position)
+            kept_block = _tool_block(served, position)
+            if sorted(sent_block, key=repr) == sorted(kept_block, key=repr):
+                return "tool_results_reordered", position
+        return "message_changed", position
+    raise AssertionError("_changed_message needs keys that differ from served within their common length")
+
+
+def _tool_block(keys: Sequence[MessageKey], position: int) -> list[MessageKey]:
     """The run of tool messages around ``position`` (the results of one assistant turn)."""
     start = position
     while start > 0 and keys[start - 1][0] == "tool":

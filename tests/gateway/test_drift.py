@@ -8,8 +8,9 @@ import json
 import aiohttp
 import pytest
 from conftest import QUESTION, SYSTEM, TOOL_SCRIPT, run
-from gateway_support import OPENAI_TOOLS, serving
+from gateway_support import ANTHROPIC_TOOLS, OPENAI_TOOLS, serving
 
+from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.tokens.trajectory import TerminationReason
 
@@ -177,3 +178,89 @@ def test_a_repeated_request_is_recorded_as_such(qwen_tokenizer, say):
     session, again = run(go())
     assert again["choices"][0]["message"]["content"] == "two"
     assert [event["reason"] for event in session.drift] == ["request_repeated"] and len(session.rows) == 1
+
+
+LONG = 150
+
+
+def long_session(qwen_tokenizer, say, api, change):
+    """``LONG`` extending turns of one tool call each, then one request rewritten by ``change``.
+
+    Returns the session and the last request's status. The gateway memoizes each session's last
+    request, so an edit far back in a long history must still be judged like any other.
+    """
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    engine = ScriptedEngine([say(call)], cycle=True)
+
+    async def go():
+        limits = RolloutLimits(max_turns=LONG + 2, max_new_tokens=64)
+        async with serving(engine, qwen_tokenizer, limits=limits) as gateway:
+            session = gateway.open_session("s")
+            key = {"x-api-key": "s"} if api == "anthropic" else {"Authorization": "Bearer s"}
+            url = f"{gateway.url}/v1/{'messages' if api == 'anthropic' else 'chat/completions'}"
+            body: dict = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Add."}]}
+            if api == "anthropic":
+                body |= {"system": SYSTEM, "tools": ANTHROPIC_TOOLS}
+            else:
+                body["messages"].insert(0, {"role": "system", "content": SYSTEM})
+                body["tools"] = OPENAI_TOOLS
+            async with aiohttp.ClientSession(headers=key) as http:
+                for _ in range(LONG):
+                    async with http.post(url, json=body) as response:
+                        assert response.status == 200, await response.text()
+                        reply = await response.json()
+                    body["messages"].extend(_with_results(api, reply))
+                assert session.drift == [] and session.turns == LONG
+                change(body["messages"])
+                async with http.post(url, json=body) as response:
+                    return session, response.status
+
+    return run(go())
+
+
+def _with_results(api, reply):
+    """The reply as the client keeps it, and its tool results."""
+    if api == "anthropic":
+        uses = [block for block in reply["content"] if block["type"] == "tool_use"]
+        results = [{"type": "tool_result", "tool_use_id": use["id"], "content": "3"} for use in uses]
+        return [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": results}]
+    message = reply["choices"][0]["message"]
+    results = [{"role": "tool", "tool_call_id": call["id"], "content": "3"} for call in message["tool_calls"]]
+    return [message, *results]
+
+
+def reformat_early_arguments(messages):
+    """What a client may do: re-serialize a call's arguments (same JSON, other spacing)."""
+    call = messages[2]["tool_calls"][0]["function"]
+    call["arguments"] = json.dumps(json.loads(call["arguments"]), separators=(",", ":"))
+
+
+def edit_early_result(messages):
+    messages[3]["content"] = "4"
+
+
+def edit_early_tool_use(messages):
+    messages[1]["content"][-1]["input"] = {"a": 1, "b": 5}
+
+
+@pytest.mark.parametrize(
+    ("api", "change", "expected"),
+    [
+        ("openai", reformat_early_arguments, []),
+        ("openai", edit_early_result, [("message_changed", 2)]),
+        ("anthropic", edit_early_tool_use, [("assistant_edited", 1)]),
+    ],
+    ids=["openai-respaced-arguments-extend", "openai-edited-result", "anthropic-edited-tool-use"],
+)
+def test_an_early_edit_after_150_turns_is_drift_and_a_respacing_is_not(
+    qwen_tokenizer, say, api, change, expected
+):
+    session, status = long_session(qwen_tokenizer, say, api, change)
+    assert status == 200
+    assert [(event["reason"], event["position"]) for event in session.drift] == expected
+    assert len(session.rows) == len(expected)  # fork: the 150-turn row is kept whole
+    if expected:
+        (kept,) = session.rows
+        assert kept.buffer.turn == LONG and session.row.buffer.turn == 1
+    else:
+        assert session.row.buffer.turn == LONG + 1
