@@ -43,17 +43,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     claim_output(
         args.out, option="-o", force=args.force, inputs=[args.results], directory=args.format == "hf"
     )
-    read = 0
+    read = kept = 0
 
     def counted():
-        nonlocal read
+        nonlocal read, kept
         for result in read_results(args.results):
             read += 1
-            yield result
+            if keep.accepts(result):
+                kept += 1
+                yield result
 
     results = counted()
     if args.format == "chat":
-        count = write_chat(results, args.out, keep)
+        count = write_chat(results, args.out)
     elif sft:
         explicit = None
         if args.tools:
@@ -67,14 +69,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--tools {args.tools} must hold a JSON list of OpenAI function schemas")
         kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
         count = write_sft(
-            results, args.out, ToolSchemas(explicit, args.env, kwargs), keep, reasoning=not args.no_reasoning
+            results, args.out, ToolSchemas(explicit, args.env, kwargs), reasoning=not args.no_reasoning
         )
     elif args.format == "parquet":
-        count = write_parquet(results, args.out, keep)
+        count = write_parquet(results, args.out)
     else:
-        count = write_hf_dataset(results, args.out, keep)
-    dropped = f"; {read - count} of {read} left out by the filters" if read != count else ""
-    print(f"{count} rollouts -> {args.out} ({args.format}{dropped})")
+        count = write_hf_dataset(results, args.out)
+    dropped = f"; {read - kept} of {read} left out by the filters" if read != kept else ""
+    rows = f" in {count} rows (forked gateway sessions)" if count != kept else ""
+    print(f"{kept} rollouts{rows} -> {args.out} ({args.format}{dropped})")
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.io_safety import replaced_atomically
+from agentboost.tokens.trajectory import Trajectory
 
 if TYPE_CHECKING:
     import pyarrow
@@ -104,6 +105,8 @@ def chat_record(result: RolloutResult) -> dict[str, Any]:
         record["reward_error"] = result.reward_error
     record["termination"] = result.termination.value
     record["messages"] = chat_messages(result.trajectory.messages)
+    if result.trajectory.forked_rows:
+        record["forked_rows"] = [chat_messages(row.messages) for row in result.trajectory.forked_rows]
     return record
 
 
@@ -111,15 +114,20 @@ def chat_record(result: RolloutResult) -> dict[str, Any]:
 
 
 def sft_record(
-    result: RolloutResult, tools: Sequence[Mapping[str, Any]], *, reasoning: bool = True
+    result: RolloutResult,
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    reasoning: bool = True,
+    row: Trajectory | None = None,
 ) -> dict[str, Any]:
     """One SFT example: ``{"messages": [...], "tools": [...]}`` (TRL's conversational format with tools).
 
     Assistant tool calls keep OpenAI's shape with the arguments as an object (what chat templates
-    render); tool results carry ``name`` and ``tool_call_id``.
+    render); tool results carry ``name`` and ``tool_call_id``. ``row`` picks one of the rollout's
+    :attr:`~Trajectory.training_rows` (default: its trajectory).
     """
     messages = []
-    for message in chat_messages(result.trajectory.messages):
+    for message in chat_messages((row or result.trajectory).messages):
         role = message["role"]
         item: dict[str, Any] = {"role": role, "content": message["content"]}
         if role == "assistant":
@@ -153,10 +161,11 @@ class ToolSchemas:
         self.environment_kwargs = dict(environment_kwargs or {})
         self._cache: dict[str, list[dict[str, Any]]] = {}
 
-    def __call__(self, result: RolloutResult) -> list[dict[str, Any]]:
+    def __call__(self, result: RolloutResult, row: Trajectory | None = None) -> list[dict[str, Any]]:
+        """The schemas of ``result`` (of one of its training rows: a forked session may change tools)."""
         if self.explicit is not None:
             return self.explicit
-        info = result.trajectory.info
+        info = (row or result.trajectory).info
         if isinstance(info.get("tools"), list):
             return [dict(tool) for tool in info["tools"]]
         name = self.environment or info.get("environment")
@@ -216,6 +225,8 @@ def _arrow_schema() -> pyarrow.Schema:
         [
             ("task_id", pa.string()),
             ("sample", pa.int64()),
+            ("row", pa.int64()),
+            ("rows", pa.int64()),
             ("reward", pa.float64()),
             ("termination", pa.string()),
             ("environment", pa.string()),
@@ -233,6 +244,8 @@ def _arrow_schema() -> pyarrow.Schema:
 
 
 TOKEN_COLUMNS_DOC = {
+    "row": "which training row of the rollout (0 unless a gateway session forked; see docs/gateway.md)",
+    "rows": "how many training rows the rollout has; every one carries the rollout's reward",
     "input_ids": "every token of the rollout, prompt included",
     "loss_mask": "1 where the policy generated the token (train on these), else 0",
     "logprobs": "the sampling engine's log-probability where loss_mask is 1, null elsewhere",
@@ -242,12 +255,37 @@ TOKEN_COLUMNS_DOC = {
 }
 
 
-def token_row(result: RolloutResult) -> dict[str, Any]:
-    trajectory = result.trajectory
-    metrics = trajectory.metrics
+COUNTS = ("turns", "tool_calls", "parse_errors")
+"""The per-row counts of a token table, from the trajectory's metrics."""
+
+
+def _counts(trajectory: Trajectory) -> dict[str, int]:
+    return {name: int(trajectory.metrics.get(name) or 0) for name in COUNTS}
+
+
+def token_rows(result: RolloutResult) -> list[dict[str, Any]]:
+    """A rollout's :attr:`~Trajectory.training_rows` as table rows (one, unless a gateway session forked).
+
+    A forked session's trajectory counts the whole rollout; its own row gets what its earlier rows
+    leave, so every row's counts are its own.
+    """
+    rows = result.trajectory.training_rows
+    counts = [_counts(row) for row in rows]
+    for earlier in counts[:-1]:
+        counts[-1] = {name: counts[-1][name] - earlier[name] for name in COUNTS}
+    return [
+        _token_row(result, *entry, len(rows)) for entry in zip(rows, range(len(rows)), counts, strict=True)
+    ]
+
+
+def _token_row(
+    result: RolloutResult, trajectory: Trajectory, index: int, counts: Mapping[str, int], rows: int
+) -> dict[str, Any]:
     return {
         "task_id": result.task_id,
         "sample": result.sample,
+        "row": index,
+        "rows": rows,
         "reward": result.reward,
         "termination": result.termination.value,
         "environment": trajectory.info.get("environment"),
@@ -265,21 +303,21 @@ def token_row(result: RolloutResult) -> dict[str, Any]:
             }
             for segment in trajectory.segments
         ],
-        "turns": int(metrics.get("turns") or 0),
-        "tool_calls": int(metrics.get("tool_calls") or 0),
-        "parse_errors": int(metrics.get("parse_errors") or 0),
+        **counts,
         "reward_breakdown": json.dumps(result.reward_breakdown, ensure_ascii=False),
         "messages": json.dumps(chat_messages(trajectory.messages), ensure_ascii=False),
     }
 
 
 def token_table(results: Iterable[RolloutResult]) -> pyarrow.Table:
-    """An Arrow table, one row per rollout, with token ids, loss mask and logprobs (float64, exact)."""
+    """An Arrow table, one row per training row (per rollout unless a session forked), with token ids,
+    loss mask and logprobs (float64, exact)."""
     try:
         import pyarrow as pa
     except ImportError as error:
         raise ConfigError("parquet export needs pyarrow: pip install 'agentboost[inspect]'") from error
-    return pa.Table.from_pylist([token_row(result) for result in results], schema=_arrow_schema())
+    rows = [row for result in results for row in token_rows(result)]
+    return pa.Table.from_pylist(rows, schema=_arrow_schema())
 
 
 # --- writers -----------------------------------------------------------------------------------
@@ -318,13 +356,14 @@ def write_sft(
     *,
     reasoning: bool = True,
 ) -> int:
-    """SFT JSON Lines: one ``{"messages", "tools"}`` object per kept rollout."""
+    """SFT JSON Lines: one ``{"messages", "tools"}`` object per training row of each kept rollout."""
     count = 0
     with replaced_atomically(_prepare(path)) as target, open(target, "w", encoding="utf-8") as handle:
         for result in _kept(results, keep):
-            record = sft_record(result, tools(result), reasoning=reasoning)
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
+            for row in result.trajectory.training_rows:
+                record = sft_record(result, tools(result, row), reasoning=reasoning, row=row)
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
     return count
 
 

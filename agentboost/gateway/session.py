@@ -431,7 +431,7 @@ class GatewaySession:
             termination=termination,
             termination_detail=detail,
             metrics=self._metrics([row]),
-            info=dict(info),
+            info={**info, "tools": list(buffer.tools or ())},  # what the client declared (SFT export)
         )
 
     def _metrics(self, rows: Sequence[_Row]) -> dict[str, Any]:

@@ -6,8 +6,12 @@ import json
 from contextlib import asynccontextmanager
 from typing import Any
 
+import openai
 from conftest import QUESTION, SYSTEM, add, multiply
 
+from agentboost.envs.base import Environment
+from agentboost.envs.task import Task
+from agentboost.gateway.environment import AgentContext
 from agentboost.gateway.server import Gateway
 from agentboost.tokens.templates import tool_specs_to_openai
 
@@ -130,3 +134,35 @@ async def serving(engine: Any, tokenizer: Any, **options: Any):
         yield gateway
     finally:
         await gateway.aclose()
+
+
+class Calculation(Environment):
+    """Tasks and a reward for the scripted calculator conversation."""
+
+    name = "calculation"
+
+    def tasks(self, n=None, *, seed=0, split="train"):
+        return [
+            Task(id=f"t{index}", prompt="What is (12 + 30) * 2?", ground_truth="84")
+            for index in range(n or 2)
+        ]
+
+    def reward(self, trajectory, episode):
+        return float(trajectory.final_text.endswith(f"Answer: {episode.task.ground_truth}"))
+
+
+async def forking_agent(context: AgentContext):
+    """Rewrites its own history after the first tool call: the session forks into two rows."""
+    client = openai.AsyncOpenAI(base_url=context.base_url, api_key=context.api_key, max_retries=0)
+    messages = [{"role": "user", "content": context.task.text}]
+    first = (
+        (await client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS))
+        .choices[0]
+        .message
+    )
+    call = first.tool_calls[0]
+    messages += [{"role": "assistant", "content": "Let me add.", "tool_calls": [call.model_dump()]}]  # edited
+    messages += [{"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    second = await client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS)
+    await client.close()
+    return second.choices[0].message.content

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import openai
 from conftest import TOOL_SCRIPT, run
-from gateway_support import openai_agent
+from gateway_support import Calculation, forking_agent, openai_agent
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.envs.base import Environment, RolloutResult
+from agentboost.envs.base import RolloutResult
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.eval.evaluate import evaluate
@@ -24,21 +24,6 @@ from agentboost.train.config import AlgorithmConfig, RolloutConfig
 from agentboost.train.trainer import Trainer
 
 EXAMPLE_AGENT = Path(__file__).parents[2] / "examples" / "gateway" / "openai_agent.py"
-
-
-class Calculation(Environment):
-    """Tasks and a reward for the scripted calculator conversation."""
-
-    name = "calculation"
-
-    def tasks(self, n=None, *, seed=0, split="train"):
-        return [
-            Task(id=f"t{index}", prompt="What is (12 + 30) * 2?", ground_truth="84")
-            for index in range(n or 2)
-        ]
-
-    def reward(self, trajectory, episode):
-        return float(trajectory.final_text.endswith(f"Answer: {episode.task.ground_truth}"))
 
 
 async def sdk_agent(context: AgentContext):
@@ -117,25 +102,6 @@ def test_a_never_ending_agent_is_stopped_by_the_rollouts_limits(qwen_tokenizer, 
     environment = GatewayEnvironment(sleeper, tasks_from=Calculation(), limits=RolloutLimits(timeout_s=1))
     result = rollout(environment, ScriptedEngine([say("ok")], cycle=True), qwen_tokenizer, template="qwen3")
     assert result.termination is TerminationReason.TIMEOUT and result.trajectory.metrics["turns"] == 1
-
-
-async def forking_agent(context: AgentContext):
-    """Rewrites its own history after the first tool call: the session forks into two rows."""
-    client = openai.AsyncOpenAI(base_url=context.base_url, api_key=context.api_key, max_retries=0)
-    from gateway_support import OPENAI_TOOLS
-
-    messages = [{"role": "user", "content": context.task.text}]
-    first = (
-        (await client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS))
-        .choices[0]
-        .message
-    )
-    call = first.tool_calls[0]
-    messages += [{"role": "assistant", "content": "Let me add.", "tool_calls": [call.model_dump()]}]  # edited
-    messages += [{"role": "tool", "tool_call_id": call.id, "content": "42"}]
-    second = await client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS)
-    await client.close()
-    return second.choices[0].message.content
 
 
 def test_forked_rows_survive_evaluation_and_each_trains_with_the_rollouts_advantage(
