@@ -4,7 +4,8 @@
    request/response and the tool loop) at turns 10, 50 and 150 of one long tool-calling session,
    through the Strands provider (``run_agent``) and through the gateway (a minimal aiohttp OpenAI
    client on loopback). Rounds alternate between paths; the median round's p50 over the five turns
-   before each mark is printed, with the difference (the gateway's added cost per call).
+   before each mark is printed, with the difference (the gateway's added cost per call) and the
+   part of the gateway's cycle the client spends encoding the history it resends (JSON).
 2. ``--sessions`` concurrent sessions (3 turns each) through one gateway: errors, wall time, and the
    resident memory the open sessions hold, per session.
 
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import gc
 import itertools
+import json
 import statistics
 import time
 
@@ -32,6 +34,7 @@ from agentboost.tokens.qwen import load_qwen3_tokenizer
 from agentboost.tokens.templates import tool_specs_to_openai
 
 MARKS = (10, 50, 150)
+JSON = {"Content-Type": "application/json"}
 
 
 @tool
@@ -81,8 +84,10 @@ async def provider_round(tokenizer, turns: int) -> dict[int, float]:
     return p50_at_marks(clock.stamps)
 
 
-async def gateway_round(tokenizer, turns: int) -> dict[int, float]:
+async def gateway_round(tokenizer, turns: int) -> tuple[dict[int, float], dict[int, float]]:
+    """The gateway's cycle times at the marks, and the client's own JSON encoding of the request."""
     clock = Clock(tokenizer, turns)
+    encoding: list[float] = []
     tools = tool_specs_to_openai([add.tool_spec])
     async with Gateway(
         clock.engine, tokenizer, template="qwen3", limits=RolloutLimits(max_turns=turns + 1)
@@ -92,14 +97,18 @@ async def gateway_round(tokenizer, turns: int) -> dict[int, float]:
         messages = [{"role": "user", "content": "Add 1 and 2, again and again."}]
         async with aiohttp.ClientSession() as http:
             for _ in range(turns):
-                async with http.post(url, json={"messages": messages, "tools": tools}) as response:
+                started = time.perf_counter()
+                body = json.dumps({"messages": messages, "tools": tools}).encode()
+                encoding.append(time.perf_counter() - started)
+                async with http.post(url, data=body, headers=JSON) as response:
                     message = (await response.json())["choices"][0]["message"]
                 messages.append(message)
                 for call in message.get("tool_calls") or ():
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": "3"})
                 if not message.get("tool_calls"):
                     break
-    return p50_at_marks(clock.stamps)
+    encoded = {mark: statistics.median(encoding[mark - 5 : mark]) for mark in MARKS if mark <= len(encoding)}
+    return p50_at_marks(clock.stamps), encoded
 
 
 def rss_bytes() -> int:
@@ -157,18 +166,22 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     args = parser.parse_args()
     tokenizer = load_qwen3_tokenizer()
-    provider, gateway = [], []
+    provider, gateway, encoding = [], [], []
     for _ in range(args.rounds):
         provider.append(asyncio.run(provider_round(tokenizer, args.turns)))
-        gateway.append(asyncio.run(gateway_round(tokenizer, args.turns)))
-    print("cycle time per model call, ms (median of rounds of the p50 over the 5 calls before the mark)")
-    print(f"{'turn':>6} {'provider':>10} {'gateway':>10} {'added':>10}")
+        cycles, encoded = asyncio.run(gateway_round(tokenizer, args.turns))
+        gateway.append(cycles)
+        encoding.append(encoded)
+    print("cycle time per model call, ms (median of rounds of the p50 over the 5 calls before the mark);")
+    print("'client JSON': of the gateway's cycle, the client encoding the history it resends")
+    print(f"{'turn':>6} {'provider':>10} {'gateway':>10} {'added':>10} {'client JSON':>12}")
     for mark in MARKS:
         if mark > args.turns:
             continue
         direct = statistics.median(r[mark] for r in provider) * 1e3
         served = statistics.median(r[mark] for r in gateway) * 1e3
-        print(f"{mark:>6} {direct:>10.2f} {served:>10.2f} {served - direct:>+10.2f}")
+        encode = statistics.median(r[mark] for r in encoding) * 1e3
+        print(f"{mark:>6} {direct:>10.2f} {served:>10.2f} {served - direct:>+10.2f} {encode:>12.2f}")
     if args.sessions:
         asyncio.run(many_sessions(tokenizer, args.sessions))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.eval.stats import tool_results, tool_usage_stats
+from agentboost.tokens.trajectory import Trajectory
 
 _ASSETS = Path(__file__).parent
 
@@ -61,12 +62,13 @@ def _row(index: int, result: RolloutResult) -> dict[str, Any]:
         "calls": int(metrics.get("tool_calls") or 0),
         "perr": int(metrics.get("parse_errors") or 0),
         "gen": trajectory.generated_tokens,
+        "drift": len(trajectory.info.get("gateway", {}).get("drift", ())),
         "tools": sorted({f"{fact['name']}:{fact['status']}" for fact in facts if fact["name"] is not None}),
     }
 
 
-def _detail(result: RolloutResult) -> dict[str, Any]:
-    trajectory = result.trajectory
+def _tokens(trajectory: Trajectory) -> dict[str, Any]:
+    """One training row as the page shows it: messages, ids, mask, logprobs, segments."""
     return {
         "messages": trajectory.messages,
         "ids": trajectory.token_ids,
@@ -76,6 +78,16 @@ def _detail(result: RolloutResult) -> dict[str, Any]:
             [s.role, s.start, s.end, s.turn, s.finish_reason, list(s.parse_errors)]
             for s in trajectory.segments
         ],
+    }
+
+
+def _detail(result: RolloutResult) -> dict[str, Any]:
+    trajectory = result.trajectory
+    gateway = trajectory.info.get("gateway") or {}
+    return {
+        **_tokens(trajectory),
+        "forked": [_tokens(row) for row in trajectory.forked_rows],
+        "drift": gateway.get("drift", []),
         "detail": trajectory.termination_detail,
         "breakdown": result.reward_breakdown,
         "reward_info": getattr(result, "reward_info", None) or {},
@@ -100,7 +112,10 @@ def build_page(
     """The whole HTML page for ``results``."""
     stats = tool_usage_stats(results, threshold=threshold)
     vocab = (
-        token_pieces(tokenizer, (token for r in results for token in r.trajectory.token_ids))
+        token_pieces(
+            tokenizer,
+            (token for r in results for row in r.trajectory.training_rows for token in row.token_ids),
+        )
         if tokenizer
         else {}
     )

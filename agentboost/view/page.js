@@ -137,7 +137,8 @@
       const tr = el("tr", { "data-index": String(r.i) },
         el("td", { text: String(r.i) }), el("td", { text: r.task, title: r.task }), el("td", { text: String(r.sample) }),
         reward, el("td", { text: r.end }), el("td", { text: String(r.turns) }), el("td", { text: String(r.calls) }),
-        el("td", { text: String(r.perr), cls: r.perr ? "bad" : "" }), el("td", { text: String(r.gen) }));
+        el("td", { text: String(r.perr), cls: r.perr ? "bad" : "" }), el("td", { text: String(r.gen) }),
+        el("td", { text: r.drift ? String(r.drift) : "", cls: r.drift ? "bad" : "" }));
       if (r.i === state.selected) tr.classList.add("selected");
       tr.addEventListener("click", () => open(r.i));
       fragment.appendChild(tr);
@@ -170,12 +171,36 @@
 
   // --- one rollout: conversation and tokens (parsed only when opened) ---------------------------
   function pre(text) { return el("pre", { text: text == null ? "" : String(text) }); }
+  // A forked gateway session has several training rows (detail.forked, then detail itself) and a
+  // drift record: {reason, position, row, turn, policy} per request that did not extend its row.
+  const trainingRows = (detail) => [...detail.forked, detail];
+  const driftText = (e) => `${e.policy} at message ${e.position}: ${e.reason} (after ${e.turn} turns)`;
   function renderConversation(detail) {
     const box = $("conversation");
     const fragment = document.createDocumentFragment();
-    const turnErrors = detail.segments.filter((s) => s[0] === "assistant").map((s) => s[5]);
+    if (detail.drift.length) {
+      fragment.appendChild(el("div", { cls: "drift" },
+        el("div", { cls: "head", text: `history drift: ${detail.drift.length} request(s) did not extend what the session served` }),
+        ...detail.drift.map((e) => el("div", { cls: "drift-event", text: driftText(e) }))));
+    }
+    const all = trainingRows(detail);
+    all.forEach((row, k) => {
+      if (all.length > 1) fragment.appendChild(el("div", { cls: "row-mark", text: `training row ${k + 1} of ${all.length}` }));
+      for (const e of detail.drift.filter((e) => e.policy === "reset" && e.row === k)) {
+        fragment.appendChild(el("div", { cls: "drift-note", text: `started after a reset (the previous row was dropped): ${driftText(e)}` }));
+      }
+      renderMessages(row, fragment, detail.drift.find((e) => e.policy === "fork" && e.row === k && k < all.length - 1));
+    });
+    box.replaceChildren(fragment);
+  }
+  function renderMessages(row, fragment, forkedAt) {
+    // the drift position counts the request's messages, which leave out the system prompt
+    const offset = row.messages.length && row.messages[0].role === "system" ? 1 : 0;
+    const at = forkedAt ? (["system_changed", "tools_changed"].includes(forkedAt.reason) ? 0 : forkedAt.position + offset) : -1;
+    const note = () => el("div", { cls: "drift-note", text: `the next request changed history here; the session forked: ${driftText(forkedAt)}` });
+    const turnErrors = row.segments.filter((s) => s[0] === "assistant").map((s) => s[5]);
     let assistantTurn = 0;
-    for (const message of detail.messages) {
+    row.messages.forEach((message, index) => {
       const role = message.role;
       const head = el("div", { cls: "head" }, el("span", { text: role }));
       const node = el("div", { cls: `msg role-${role}` }, head);
@@ -202,13 +227,21 @@
       } else {
         node.appendChild(pre(message.content));
       }
+      if (index === at) { node.classList.add("drift-at"); node.appendChild(note()); }
       fragment.appendChild(node);
-    }
-    box.replaceChildren(fragment);
+    });
+    if (forkedAt && at >= row.messages.length) fragment.appendChild(note());
   }
   function renderTokens(detail) {
-    const stream = $("token-stream");
     const fragment = document.createDocumentFragment();
+    const all = trainingRows(detail);
+    all.forEach((row, k) => {
+      if (all.length > 1) fragment.appendChild(el("span", { cls: "row-mark", text: `training row ${k + 1} of ${all.length}` }));
+      rowTokens(row, fragment);
+    });
+    $("token-stream").replaceChildren(fragment);
+  }
+  function rowTokens(detail, fragment) {
     const starts = new Map(detail.segments.map((s) => [s[1], s]));
     detail.ids.forEach((id, position) => {
       const segment = starts.get(position);
@@ -228,7 +261,6 @@
       span.title = `id ${id} | ${trained ? "trained" : "no loss"}` + (lp !== null ? ` | logprob ${lp}` : "");
       fragment.appendChild(span);
     });
-    stream.replaceChildren(fragment);
   }
   function open(index) {
     state.selected = index;
@@ -243,6 +275,8 @@
     if (Object.keys(detail.breakdown).length) facts.push(`breakdown ${JSON.stringify(detail.breakdown)}`);
     if (Object.keys(detail.reward_info).length) facts.push(`reward info ${JSON.stringify(detail.reward_info)}`);
     if (detail.reward_error) facts.push(`reward error: ${detail.reward_error}`);
+    if (detail.forked.length) facts.push(`${detail.forked.length + 1} training rows (the session forked)`);
+    if (detail.drift.length) facts.push(`${detail.drift.length} drift events`);
     $("detail-facts").textContent = facts.join(" | ");
     renderConversation(detail);
     renderTokens(detail);

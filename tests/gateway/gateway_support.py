@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import openai
-from conftest import QUESTION, SYSTEM, add, multiply
+from conftest import QUESTION, SYSTEM, TOOL_SCRIPT, add, multiply
 
-from agentboost.envs.base import Environment
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.task import Task
-from agentboost.gateway.environment import AgentContext
+from agentboost.eval.evaluate import evaluate
+from agentboost.gateway.environment import AgentContext, GatewayEnvironment
 from agentboost.gateway.server import Gateway
+from agentboost.rollout.results import read_results
 from agentboost.tokens.templates import tool_specs_to_openai
 
 OPENAI_TOOLS = tool_specs_to_openai([add.tool_spec, multiply.tool_spec])
@@ -166,3 +171,19 @@ async def forking_agent(context: AgentContext):
     second = await client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS)
     await client.close()
     return second.choices[0].message.content
+
+
+def forked_results(tokenizer: Any, path: Path, policy: str = "fork") -> list[RolloutResult]:
+    """Two evaluated rollouts of :func:`forking_agent` (rewards 1 and 0), written to ``path``.
+
+    Under ``fork`` each has two training rows; under ``reset`` the first row is dropped.
+    """
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    script = [TOOL_SCRIPT[0], "Answer: 84", TOOL_SCRIPT[0], "Answer: 41"]
+    engine = ScriptedEngine([[*tokenizer.encode(text, add_special_tokens=False), im_end] for text in script])
+    environment = GatewayEnvironment(forking_agent, tasks_from=Calculation(), policy=policy)
+    tasks = environment.tasks(2)
+    asyncio.run(evaluate(environment, engine, tokenizer, tasks, out=path, concurrency=1, progress=False))
+    results = list(read_results(path))
+    assert [len(result.trajectory.training_rows) for result in results] == [1 + (policy == "fork")] * 2
+    return results

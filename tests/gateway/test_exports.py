@@ -9,35 +9,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
-from conftest import TOOL_SCRIPT, run
-from gateway_support import OPENAI_TOOLS, Calculation, forking_agent
+from gateway_support import OPENAI_TOOLS, forked_results
 
 from agentboost.cli import main
-from agentboost.engines.scripted import ScriptedEngine
-from agentboost.eval.evaluate import evaluate
-from agentboost.gateway.environment import GatewayEnvironment
-from agentboost.rollout.results import read_results
 
 
 @pytest.fixture(scope="module")
 def forked(qwen_tokenizer, tmp_path_factory):
-    """Two rollouts of an agent that rewrites its history once: two rows each, rewards 1 and 0."""
-    im_end = qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def say(text):
-        return [*qwen_tokenizer.encode(text, add_special_tokens=False), im_end]
-
-    engine = ScriptedEngine([say(TOOL_SCRIPT[0]), say("Answer: 84"), say(TOOL_SCRIPT[0]), say("Answer: 41")])
-    environment = GatewayEnvironment(forking_agent, tasks_from=Calculation())
     path = tmp_path_factory.mktemp("forked") / "results.jsonl"
-    run(
-        evaluate(
-            environment, engine, qwen_tokenizer, environment.tasks(2), out=path, concurrency=1, progress=False
-        )
-    )
-    results = list(read_results(path))
-    assert [len(result.trajectory.training_rows) for result in results] == [2, 2]
-    return path, results
+    return path, forked_results(qwen_tokenizer, path)
 
 
 def _rows(results):

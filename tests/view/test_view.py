@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
+from browser_support import CHROMIUM, open_page, require_chromium
 from results_support import HOSTILE, scripted_results
 
 from agentboost.cli import main
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.view.html import build_page, embed_json
 
-CHROMIUM = os.environ.get("AGENTBOOST_CHROMIUM", "/usr/bin/chromium")
 VOID = {"meta", "input", "br", "img", "link", "hr", "col", "source", "wbr", "area", "base", "embed", "track"}
 
 
@@ -94,40 +92,9 @@ def test_titles_are_escaped(results):
     assert "<img" not in page and "&lt;img src=x" in page
 
 
-def _browser():
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    return playwright
-
-
-def _open(playwright_module, path: Path):
-    """Start Chromium on the file; returns (manager, browser, page, problems)."""
-    manager = playwright_module.sync_playwright().start()
-    browser = manager.chromium.launch(
-        executable_path=CHROMIUM,
-        args=[
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-        ],
-    )
-    page = browser.new_page()
-    problems: list[str] = []
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on(
-        "request", lambda request: None if request.url.startswith("file:") else problems.append(request.url)
-    )
-    page.goto(path.resolve().as_uri())
-    page.wait_for_selector("#rows tbody tr")
-    return manager, browser, page, problems
-
-
 def test_browser_shows_list_conversation_and_tokens(page_path, results, tmp_path):
-    playwright = _browser()
-    manager, browser, page, problems = _open(playwright, page_path)
+    playwright = require_chromium()
+    manager, browser, page, problems = open_page(playwright, page_path)
     try:
         assert page.text_content("#count").startswith("6 rollouts")
         assert page.locator("#rows tbody tr").count() == 6
@@ -179,7 +146,7 @@ def test_browser_shows_list_conversation_and_tokens(page_path, results, tmp_path
 
 
 def test_thousands_of_rollouts_stay_paginated(results, tmp_path):
-    playwright = _browser()
+    playwright = require_chromium()
     path = tmp_path / "many.jsonl"
     with ResultStore(path, fsync=False) as store:
         for copy in range(500):
@@ -187,7 +154,7 @@ def test_thousands_of_rollouts_stay_paginated(results, tmp_path):
                 store.write(dataclasses.replace(result, task_id=f"{result.task_id}-{copy:03d}"))
     out = tmp_path / "many.html"
     assert main(["view", str(path), "-o", str(out)]) == 0  # no tokenizer: the token view shows ids
-    manager, browser, page, problems = _open(playwright, out)
+    manager, browser, page, problems = open_page(playwright, out)
     try:
         assert page.text_content("#count") == "3000 rollouts, showing 1-100"
         assert page.locator("#rows tbody tr").count() == 100
@@ -221,7 +188,7 @@ def test_empty_and_crashed_results_render(tmp_path):
     assert main(["export", str(crashed), "-o", str(tmp_path / "c.jsonl"), "--format", "sft"]) == 0
     assert (tmp_path / "c.jsonl").read_text() == ""  # unscored and failed: not an SFT example
     try:
-        playwright = _browser()
+        playwright = require_chromium()
     except pytest.skip.Exception:
         return
     for name in ("empty.html", "crashed.html"):
