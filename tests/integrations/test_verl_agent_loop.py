@@ -261,7 +261,13 @@ def test_worker_runs_parquet_rows_into_a_padded_batch_with_exact_logprobs(
         ]
     assert tensors["rm_scores"].sum().item() == 0.0  # the reward the environment gave: nothing right
     assert output.non_tensor_batch["__num_turns__"].tolist() == [2, 2]
-    assert output.meta_info["reward_extra_keys"] == ["failed", "turns", "tool_calls", "parse_errors"]
+    assert output.meta_info["reward_extra_keys"] == [
+        "failed",
+        "turns",
+        "tool_calls",
+        "parse_errors",
+        "forked_rows",
+    ]
     assert all(metric["generate_sequences"] > 0 for metric in output.meta_info["metrics"])
 
 
@@ -295,6 +301,7 @@ def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker
         "turns": 2.0,
         "tool_calls": 1.0,
         "parse_errors": 0.0,
+        "forked_rows": 0.0,
     }
     assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 7
     assert [request["sampling_params"]["temperature"] for request in server.requests] == [0, 0]  # validation
@@ -521,3 +528,72 @@ def test_importing_agentboost_does_not_import_verl():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+# --- gateway rollouts: an unmodified agent behind the loop's in-process gateway ---------------------
+
+EXAMPLE_AGENT = Path(__file__).parents[2] / "examples" / "gateway" / "openai_agent.py"
+FORKING_AGENT = Path(__file__).parent / "gateway_forking_agent.py"
+
+
+def gateway_row(task, command: Sequence[str]) -> dict[str, Any]:
+    """A veRL row whose environment is a gateway environment running ``command`` on arithmetic tasks."""
+    from agentboost.gateway.environment import GatewayEnvironment
+
+    kwargs = {"command": list(command), "tasks_from": "arithmetic"}
+    environment = GatewayEnvironment(**kwargs)
+    row = task_rows(environment, [task], environment_kwargs=kwargs)[0]
+    row.pop("agent_name")
+    assert row["extra_info"]["environment"].endswith(":GatewayEnvironment")
+    return {**row, "raw_prompt": row["prompt"], "index": 0, "tools_kwargs": {}, "interaction_kwargs": {}}
+
+
+def test_a_gateway_agent_runs_in_the_loop_as_one_exact_row(worker, say):
+    task = generate_tasks(1, seed=3)[0]
+    turns = [
+        tool_call(task.metadata["expression"]),
+        f"It is {task.ground_truth}.\nAnswer: {task.ground_truth}",
+    ]
+    server = scripted_server(say, turns)
+    config = with_rollout(worker.config, response_length=256)
+
+    output = run_loop(worker, server, gateway_row(task, [sys.executable, str(EXAMPLE_AGENT)]), config=config)
+
+    first, last = say(turns[0]), say(turns[1])
+    response, mask = output.response_ids, output.response_mask
+    assert response[: len(first)] == first and response[-len(last) :] == last
+    assert mask == [1] * len(first) + [0] * (len(response) - len(first) - len(last)) + [1] * len(last)
+    assert str(task.ground_truth) in worker.tokenizer.decode(
+        response[len(first) : -len(last)]
+    )  # the tool ran
+    assert output.response_logprobs == [-0.5 if bit else 0.0 for bit in mask]
+    prompt_text = worker.tokenizer.decode(output.prompt_ids)
+    assert task.prompt in prompt_text and '"calculator"' in prompt_text  # the tools the agent declared
+    assert output.reward_score == 1.0 and output.extra_fields["agentboost"]["error"] is None
+    assert output.extra_fields["reward_extra_info"]["forked_rows"] == 0.0
+    # every turn went to the loop's engine under one request id, at veRL's validation sampling
+    assert len(server.requests) == 2 and len({request["request_id"] for request in server.requests}) == 1
+    assert [request["sampling_params"]["temperature"] for request in server.requests] == [0, 0]
+
+
+def test_a_forked_gateway_session_trains_its_last_row_and_reports_the_others(worker, say, monkeypatch):
+    task = generate_tasks(1, seed=3)[0]
+    monkeypatch.setenv("AGENT_TOOL_RESULT", str(task.ground_truth))
+    turns = [tool_call(task.metadata["expression"]), f"Answer: {task.ground_truth}"]
+    server = scripted_server(say, turns)
+    config = with_rollout(worker.config, response_length=256)
+
+    output = run_loop(worker, server, gateway_row(task, [sys.executable, str(FORKING_AGENT)]), config=config)
+
+    # the last row: the edited history is prompt (never trained), then the one turn generated after it
+    answer = say(turns[1])
+    assert output.response_ids == answer and output.response_mask == [1] * len(answer)
+    prompt_text = worker.tokenizer.decode(output.prompt_ids)
+    assert "Let me calculate." in prompt_text and "<tool_response>" in prompt_text
+    assert output.reward_score == 1.0
+    extra = output.extra_fields
+    assert extra["agentboost"]["error"] is None
+    assert extra["agentboost"]["drift"] == [
+        {"reason": "assistant_edited", "position": 1, "row": 0, "turn": 1, "policy": "fork"}
+    ]
+    assert extra["reward_extra_info"]["forked_rows"] == 1.0  # veRL logs it; that row is not trained here

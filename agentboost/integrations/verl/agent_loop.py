@@ -13,8 +13,17 @@ veRL's output:
     reward_score       the environment's reward (veRL's reward manager is then skipped)
     num_turns          chat messages after the system prompt (user, assistant and tool messages)
     metrics            generation time, time outside generation, reward time, preemptions
-    extra_fields       "agentboost": termination, error, task id, reward breakdown, trajectory metrics;
-                       "reward_extra_info": failed, turns, tool_calls, parse_errors (numbers veRL logs)
+    extra_fields       "agentboost": termination, error, task id, reward breakdown, trajectory metrics,
+                       a gateway session's drift record;
+                       "reward_extra_info": failed, turns, tool_calls, parse_errors, forked_rows
+                       (numbers veRL logs)
+
+Any environment runs here, a :class:`~agentboost.gateway.environment.GatewayEnvironment` included: its
+rollout starts an in-process gateway in front of this loop's engine, so an unmodified agent's turns go
+to veRL's servers under the rollout's request id. veRL takes one sequence per trajectory, so a gateway
+session that forked trains its last row (the one its reward judged, with the rollout's reward); the
+earlier rows are counted in ``forked_rows`` and left to ``agentboost export`` or the local trainer,
+which train every row (docs/gateway.md).
 
 Budgets: the rollout gets ``max_response_tokens = rollout.response_length``, so it ends at a message boundary
 with ``context_full`` instead of being cut mid-turn; tool results appended after the last generated token
@@ -274,6 +283,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
                 "reward": result.reward if result is not None else None,
                 "reward_breakdown": dict(result.reward_breakdown) if result is not None else {},
                 "metrics": metrics,
+                "drift": list(trajectory.info.get("gateway", {}).get("drift", ())) if trajectory else [],
             },
             # numbers only, the same keys for every sample: veRL logs them per data source
             "reward_extra_info": {
@@ -281,6 +291,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
                 "turns": float(metrics.get("turns", 0)),
                 "tool_calls": float(metrics.get("tool_calls", 0)),
                 "parse_errors": float(metrics.get("parse_errors", 0)),
+                "forked_rows": float(len(trajectory.forked_rows)) if trajectory is not None else 0.0,
             },
         }
         if engine is not None and engine.min_global_steps is not None:
