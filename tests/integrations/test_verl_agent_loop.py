@@ -271,8 +271,9 @@ def test_worker_runs_parquet_rows_into_a_padded_batch_with_exact_logprobs(
     assert all(metric["generate_sequences"] > 0 for metric in output.meta_info["metrics"])
 
 
-def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker, say):
-    environment = ArithmeticEnvironment()
+def call_then_answer(worker, say, make_row):
+    """A task whose policy calls the calculator, then answers right, run by the loop at validation
+    sampling: (task, row, the two turns' ids, server, output)."""
     task = generate_tasks(1, seed=3)[0]
     turns = [
         tool_call(task.metadata["expression"]),
@@ -280,11 +281,16 @@ def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker
     ]
     server = scripted_server(say, turns)
     config = with_rollout(worker.config, response_length=256)
-    row = row_of(environment, task)
-
+    row = make_row(task)
     output = run_loop(worker, server, row, sampling=VALIDATION_SAMPLING, config=config)
+    return task, row, say(turns[0]), say(turns[1]), server, output
 
-    first, last = say(turns[0]), say(turns[1])
+
+def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker, say):
+    task, row, first, last, server, output = call_then_answer(
+        worker, say, lambda task: row_of(ArithmeticEnvironment(), task)
+    )
+
     response, mask = output.response_ids, output.response_mask
     assert response[: len(first)] == first and response[-len(last) :] == last
     assert mask == [1] * len(first) + [0] * (len(response) - len(first) - len(last)) + [1] * len(last)
@@ -549,17 +555,11 @@ def gateway_row(task, command: Sequence[str]) -> dict[str, Any]:
 
 
 def test_a_gateway_agent_runs_in_the_loop_as_one_exact_row(worker, say):
-    task = generate_tasks(1, seed=3)[0]
-    turns = [
-        tool_call(task.metadata["expression"]),
-        f"It is {task.ground_truth}.\nAnswer: {task.ground_truth}",
-    ]
-    server = scripted_server(say, turns)
-    config = with_rollout(worker.config, response_length=256)
+    command = [sys.executable, str(EXAMPLE_AGENT)]
+    task, _, first, last, server, output = call_then_answer(
+        worker, say, lambda task: gateway_row(task, command)
+    )
 
-    output = run_loop(worker, server, gateway_row(task, [sys.executable, str(EXAMPLE_AGENT)]), config=config)
-
-    first, last = say(turns[0]), say(turns[1])
     response, mask = output.response_ids, output.response_mask
     assert response[: len(first)] == first and response[-len(last) :] == last
     assert mask == [1] * len(first) + [0] * (len(response) - len(first) - len(last)) + [1] * len(last)
