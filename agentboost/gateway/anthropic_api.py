@@ -3,8 +3,9 @@
 Supported: ``system`` (text or text blocks), ``messages`` with ``text``, ``tool_use`` and
 ``tool_result`` blocks (``thinking`` blocks the client sends back are ignored: the session holds the
 reasoning tokens), ``tools``, ``tool_choice`` (accepted, not enforced), ``max_tokens``,
-``temperature``, ``top_p``, ``stop_sequences`` (one token each), ``stream``. A user message's tool
-results become tool messages, in the order sent, before its text.
+``temperature``, ``top_p``, ``stop_sequences`` (one token each), ``stream``, ``thinking`` (the
+reasoning a ``<think>`` model wrote comes back as a ``thinking`` block; its budget is not
+enforced). A user message's tool results become tool messages, in the order sent, before its text.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ _ERROR_TYPES = {
 }
 
 
+_THINKING_TYPES = ("enabled", "adaptive", "disabled")
+
+
 def error_body(error: GatewayError) -> dict[str, Any]:
     """The Anthropic error shape: ``{"type": "error", "error": {"type", "message"}}``."""
     return {
@@ -43,8 +47,11 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     }
 
 
-def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool]:
-    """(request, stream) from a Messages body; GatewayError when it is malformed.
+def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool, bool]:
+    """(request, stream, thinking) from a Messages body; GatewayError when it is malformed.
+
+    ``thinking``: whether the answer shows the model's reasoning as a ``thinking`` block (the
+    request's ``thinking`` is ``enabled`` or ``adaptive``, and its ``display`` is not ``omitted``).
 
     ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.
     """
@@ -73,7 +80,17 @@ def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tu
         top_p=number_field(body.get("top_p"), "top_p"),
         stop_token_ids=stop_ids(body.get("stop_sequences"), tokenizer, "stop_sequences"),
     )
-    return request, body.get("stream") is True
+    return request, body.get("stream") is True, _thinking(body.get("thinking"))
+
+
+def _thinking(config: Any) -> bool:
+    """Whether ``thinking`` asks to see the reasoning. Its budget is not enforced: the model's own
+    ``<think>`` span is what it is, within max_tokens."""
+    if config is None:
+        return False
+    if not isinstance(config, Mapping) or config.get("type") not in _THINKING_TYPES:
+        raise bad_request(f"thinking.type must be one of {', '.join(_THINKING_TYPES)}")
+    return config["type"] != "disabled" and config.get("display") != "omitted"
 
 
 def _message(message: Any, index: int) -> list[Message]:
@@ -142,8 +159,11 @@ def _stop_reason(served: ServedTurn) -> str:
     return "max_tokens" if served.turn.finish_reason == "length" else "end_turn"
 
 
-def _content(served: ServedTurn) -> list[dict[str, Any]]:
+def _content(served: ServedTurn, thinking: bool) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if thinking and served.turn.reasoning is not None:
+        # the signature is opaque to clients, which send it back; the session holds the tokens anyway
+        blocks.append({"type": "thinking", "thinking": served.turn.reasoning, "signature": ""})
     if served.turn.content or not served.turn.tool_calls:
         blocks.append({"type": "text", "text": served.turn.content})
     for call in served.message.get("tool_calls") or ():
@@ -158,39 +178,46 @@ def _content(served: ServedTurn) -> list[dict[str, Any]]:
     return blocks
 
 
-def response(served: ServedTurn, model: str) -> dict[str, Any]:
-    """A ``message`` object."""
+def response(served: ServedTurn, model: str, thinking: bool = False) -> dict[str, Any]:
+    """A ``message`` object (a ``thinking`` block first when asked for and the model reasoned)."""
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": _content(served),
+        "content": _content(served, thinking),
         "stop_reason": _stop_reason(served),
         "stop_sequence": None,
         "usage": {"input_tokens": served.prompt_tokens, "output_tokens": served.completion_tokens},
     }
 
 
-def stream_events(served: ServedTurn, model: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(event name, data) in Anthropic's order: message_start, each block's start/delta/stop,
+def stream_events(
+    served: ServedTurn, model: str, thinking: bool = False
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(event name, data) in Anthropic's order: message_start, each block's start/delta(s)/stop,
     message_delta (stop reason, usage), message_stop."""
     import json
 
-    message = response(served, model)
+    message = response(served, model, thinking)
     start = {**message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 0}}
     yield "message_start", {"type": "message_start", "message": start}
     for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        if block["type"] == "thinking":
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
+        elif block["type"] == "text":
+            empty, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
         else:
             empty = {**block, "input": {}}
-            delta = {
-                "type": "input_json_delta",
-                "partial_json": json.dumps(block["input"], ensure_ascii=False),
-            }
+            partial = json.dumps(block["input"], ensure_ascii=False)
+            deltas = [{"type": "input_json_delta", "partial_json": partial}]
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
-        yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        for delta in deltas:
+            yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
     yield (
         "message_delta",

@@ -244,11 +244,12 @@ class Gateway:
     async def _anthropic(
         self, request: web.Request, session: GatewaySession, body: Any
     ) -> web.StreamResponse:
-        chat, stream = anthropic_api.parse_request(body, self.tokenizer, session.wire_memo)
+        chat, stream, thinking = anthropic_api.parse_request(body, self.tokenizer, session.wire_memo)
         served = await _shielded(session.complete(chat))
         if not stream:
-            return web.json_response(anthropic_api.response(served, self.model_name))
-        return await self._stream(request, anthropic_api.stream_events(served, self.model_name), done=None)
+            return web.json_response(anthropic_api.response(served, self.model_name, thinking))
+        events = anthropic_api.stream_events(served, self.model_name, thinking)
+        return await self._stream(request, events, done=None)
 
     async def _stream(self, request: web.Request, events: Any, *, done: str | None) -> web.StreamResponse:
         response = web.StreamResponse(

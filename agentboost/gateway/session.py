@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.termination import room
@@ -33,6 +33,9 @@ from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
+
+if TYPE_CHECKING:
+    from agentboost.gateway.wire import WireMemo
 
 
 class DriftPolicy(str, Enum):
@@ -96,7 +99,7 @@ class ChatRequest:
     messages: list[Message]
     keys: list[MessageKey] | None = None
     """Each message's :func:`message_key` (the front ends fill it from their memo; else computed)."""
-    memo: Any = None
+    memo: WireMemo | None = None
     """The front end's :class:`~agentboost.gateway.wire.WireMemo` of this request, kept by the session."""
     system: str | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
@@ -185,7 +188,7 @@ class GatewaySession:
         self.engine_s = 0.0
         self.engine_counts: dict[str, float] = {}
         self.last_request: ChatRequest | None = None
-        self.wire_memo: Any = None
+        self.wire_memo: WireMemo | None = None
         """The last request's wire messages and their translation, reused by the next request's parse."""
         self.termination: TerminationReason | None = None
         self.termination_detail: str | None = None

@@ -206,3 +206,62 @@ def test_anthropic_message_shape_and_stream_event_order(qwen_tokenizer, say):
         "message_delta",
         "message_stop",
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
+def test_anthropic_thinking_blocks_carry_the_reasoning_and_coming_back_are_not_drift(
+    qwen_tokenizer, say, stream
+):
+    """A <think> model's reasoning is a thinking block when the request enables thinking (the
+    official SDK parses it, streamed or not); sent back, it extends the row like any served turn."""
+    engine = ScriptedEngine(
+        [say("<think>\nadd them\n</think>\n\n" + TOOL_SCRIPT[0]), say(TOOL_SCRIPT[2])] * 2
+    )
+
+    async def go():
+        async with serving(engine, qwen_tokenizer) as gateway:
+            session = gateway.open_session("s")
+            client = anthropic.AsyncAnthropic(base_url=gateway.anthropic_url("s"), api_key="s", max_retries=0)
+
+            async def ask(messages, **options):
+                request = {"model": "m", "max_tokens": 2048, "messages": messages, "tools": ANTHROPIC_TOOLS}
+                if not stream:
+                    return await client.messages.create(**request, **options)
+                async with client.messages.stream(**request, **options) as events:
+                    return await events.get_final_message()
+
+            thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+            history = [{"role": "user", "content": "What is (12 + 30) * 2?"}]
+            first = await ask(history, **thinking)
+            call = first.content[-1]
+            history += [
+                {
+                    "role": "assistant",
+                    "content": [block.model_dump(exclude_none=True) for block in first.content],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "42"}],
+                },
+            ]
+            second = await ask(history, **thinking)
+            await client.close()
+            gateway.open_session("hidden")
+            client = anthropic.AsyncAnthropic(
+                base_url=gateway.anthropic_url("hidden"), api_key="h", max_retries=0
+            )
+            hidden = await ask(history[:1])  # thinking not enabled: no thinking block
+            with pytest.raises(anthropic.BadRequestError, match=r"thinking\.type must be one of"):
+                await ask(history[:1], thinking={"type": "sometimes"})
+            await client.close()
+            return session, first, second, hidden
+
+    session, first, second, hidden = run(go())
+    assert [block.type for block in first.content] == ["thinking", "text", "tool_use"]
+    assert first.content[0].thinking == "add them" and first.content[0].signature == ""
+    assert [block.type for block in second.content] == ["text"] and second.content[0].text.endswith(
+        "Answer: 84"
+    )
+    assert session.drift == [] and session.turns == 2 and session.rows == []
+    assert "<think>\nadd them\n</think>" in qwen_tokenizer.decode(session.row.buffer.token_ids)
+    assert [block.type for block in hidden.content] == ["text", "tool_use"]
