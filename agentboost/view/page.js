@@ -180,7 +180,7 @@
     const fragment = document.createDocumentFragment();
     if (detail.drift.length) {
       fragment.appendChild(el("div", { cls: "drift" },
-        el("div", { cls: "head", text: `history drift: ${detail.drift.length} request(s) did not extend what the session served` }),
+        el("div", { cls: "head", text: `history drift: ${detail.drift.length === 1 ? "a request" : `${detail.drift.length} requests`} did not extend what the session served` }),
         ...detail.drift.map((e) => el("div", { cls: "drift-event", text: driftText(e) }))));
     }
     const all = trainingRows(detail);
@@ -276,7 +276,7 @@
     if (Object.keys(detail.reward_info).length) facts.push(`reward info ${JSON.stringify(detail.reward_info)}`);
     if (detail.reward_error) facts.push(`reward error: ${detail.reward_error}`);
     if (detail.forked.length) facts.push(`${detail.forked.length + 1} training rows (the session forked)`);
-    if (detail.drift.length) facts.push(`${detail.drift.length} drift events`);
+    if (detail.drift.length) facts.push(`${detail.drift.length} drift event${detail.drift.length === 1 ? "" : "s"}`);
     $("detail-facts").textContent = facts.join(" | ");
     renderConversation(detail);
     renderTokens(detail);
