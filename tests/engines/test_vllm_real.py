@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +32,14 @@ from agentboost.engines.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerCon
 from agentboost.envs.base import Environment, Task
 from agentboost.errors import EngineConnectionError
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    # a test's set-up may start the server (ready within 900 s) or run the SFT warm-up (5 min at load 8)
+    pytest.mark.timeout(1500),
+]
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOLERANCE = 1e-4
 """fp32 server vs fp32 teacher-forced pass (measured: ~6e-5 at most)."""
 
@@ -206,7 +213,14 @@ def warmed_up(model_dir, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("warm-up")
     subprocess.run(
-        [sys.executable, "examples/math/prepare_data.py", "--out", str(folder), "--demonstrations", "32"],
+        [
+            sys.executable,
+            str(EXAMPLES / "math" / "prepare_data.py"),
+            "--out",
+            str(folder),
+            "--demonstrations",
+            "32",
+        ],
         check=True,
         capture_output=True,
     )
