@@ -1,7 +1,8 @@
 """Weight sync to a real vLLM server per optimizer step: full fine-tuning vs LoRA (merged), SmolLM2 fp32.
 
 Starts one vLLM server with ``--weight-sync`` (``agentboost serve-vllm``'s settings), then alternates
-full and LoRA pushes (``WeightSync.push``: write ``model.safetensors``, pause, reload_weights, reset the
+full and LoRA pushes (``WeightSync.push``: write ``model.safetensors``, pause, reload (vLLM's
+reload_weights and the tied-head refresh of agentboost's worker extension), reset the
 prefix cache, resume) so that load from other processes hits both alike, and prints the median
 seconds of each part. After each push one greedy request checks that the server still answers.
 

