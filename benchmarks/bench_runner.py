@@ -37,13 +37,13 @@ class GatedEngine(ScriptedEngine):
         self.waiting = 0
         self.gate = asyncio.Event()
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens):
         if not self.gate.is_set():
             self.waiting += 1
             if self.waiting >= self.rollouts:
                 self.gate.set()
             await self.gate.wait()
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
 
 async def main(rollouts: int) -> None:

@@ -32,7 +32,7 @@ async def answer(url: str) -> int:
     engine = VLLMEngine(url)
     try:
         generation = await engine.generate(
-            [1, 504, 3260, 314], SamplingParams(temperature=0, max_new_tokens=4)
+            [1, 504, 3260, 314], SamplingParams(temperature=0), max_new_tokens=4
         )
         return len(generation.token_ids)
     finally:

@@ -99,11 +99,6 @@ async def run_agent(
     """
     use_daemon_threads()  # a synchronous tool that hangs must not outlive the rollout's timeout
     sampling = sampling or SamplingParams()
-    if sampling.max_new_tokens != SamplingParams.max_new_tokens:
-        raise ConfigError(
-            f"a rollout's per-turn token budget comes from RolloutLimits.max_new_tokens, not "
-            f"SamplingParams.max_new_tokens ({sampling.max_new_tokens}); set it in the limits"
-        )
     limits = limits or RolloutLimits()
     stop = stop or StopSignal()
     conversation = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)

@@ -171,10 +171,10 @@ def test_response_budget_ends_cleanly(qwen_tokenizer, say):
 
 
 class SlowEngine(ScriptedEngine):
-    async def generate(self, prompt_ids, sampling) -> Generation:
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens) -> Generation:
         if self.calls >= 2:
             await asyncio.sleep(30)
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
 
 def test_timeout_keeps_completed_turns(qwen_tokenizer, say):

@@ -85,8 +85,10 @@ class Recording:
     def context_length(self) -> int | None:
         return self.engine.context_length
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        generation = await self.engine.generate(prompt_ids, sampling)
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        generation = await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
         self.answers.setdefault(tuple(prompt_ids), []).append(generation)
         return generation
 
@@ -199,7 +201,7 @@ def test_a_seeded_concurrent_batch_of_long_prompts_does_not_kill_the_server(serv
         try:
             return await asyncio.gather(
                 *(
-                    engine.generate(prompt, SamplingParams(temperature=0.7, max_new_tokens=8, seed=seed))
+                    engine.generate(prompt, SamplingParams(temperature=0.7, seed=seed), max_new_tokens=8)
                     for seed, prompt in enumerate(prompts)
                 )
             )
@@ -213,10 +215,12 @@ def test_a_seeded_concurrent_batch_of_long_prompts_does_not_kill_the_server(serv
 
 
 def _server_logprobs(url: str, prompt: list[int], sampling: SamplingParams) -> Generation:
+    """16 tokens of ``prompt``'s continuation with their log-probabilities, as the server reports them."""
+
     async def scenario():
         engine = VLLMEngine(url)
         try:
-            return await engine.generate(prompt, sampling)
+            return await engine.generate(prompt, sampling, max_new_tokens=16)
         finally:
             await engine.aclose()
 
@@ -233,7 +237,7 @@ def test_after_a_weight_push_the_server_serves_the_trainers_weights_full_and_lor
 
     base, tokenizer = teacher
     prompt = tokenizer.encode("<|im_start|>user\nWhat is 12 times 7?<|im_end|>\n<|im_start|>assistant\n")
-    sampling = SamplingParams(temperature=0.7, max_new_tokens=16, seed=3)
+    sampling = SamplingParams(temperature=0.7, seed=3)
     sync = WeightSync(server.url, tmp_path / "weights")
 
     def check(model: Any, label: str) -> float:
@@ -336,7 +340,7 @@ def test_a_server_shut_down_mid_request_ends_it_within_the_bound_with_one_line(s
         engine._client.liveness_interval_s = 1.0
         await engine.fetch_model_info()
         request = asyncio.create_task(
-            engine.generate([1, 2, 3], SamplingParams(temperature=0.7, max_new_tokens=3000))
+            engine.generate([1, 2, 3], SamplingParams(temperature=0.7), max_new_tokens=3000)
         )
         await asyncio.sleep(2.0)
         server.signal(signal.SIGTERM)

@@ -33,7 +33,7 @@ import dataclasses
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Engine, SamplingParams
+from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.base import Environment, Episode, Reward, Task, UserTurn
 from agentboost.envs.tau2.package import (
     SPLITS,
@@ -127,9 +127,8 @@ class Tau2Environment(Environment):
         self.system_prompt = agent_system_prompt(self.domain)
         self._simulator_spec = (simulator_engine, simulator_url, simulator_model, simulator_tokenizer)
         self._simulator_template = simulator_template
-        self._simulator_sampling = SamplingParams(
-            temperature=simulator_temperature, max_new_tokens=simulator_max_new_tokens
-        )
+        self._simulator_sampling = SamplingParams(temperature=simulator_temperature)
+        self._simulator_max_new_tokens = check_max_new_tokens(simulator_max_new_tokens)
         self._simulator_retries = simulator_retries
         self._simulator: UserSimulator | None = None
 
@@ -216,6 +215,7 @@ class Tau2Environment(Environment):
             tokenizer,
             template=self._simulator_template,
             sampling=self._simulator_sampling,
+            max_new_tokens=self._simulator_max_new_tokens,
             retries=self._simulator_retries,
         )
 
