@@ -36,10 +36,10 @@ from typing import Any
 import torch
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
 from agentboost.memory import resident_bytes
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import resolve_model
 
 TEXT = (
     "The committee reviewed the quarterly figures for every region, compared them with the forecasts "

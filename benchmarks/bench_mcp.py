@@ -31,7 +31,7 @@ from agentboost.engines.scripted import ScriptedEngine  # noqa: E402
 from agentboost.envs.mcp.servers import EpisodeConnection, ServerSpec  # noqa: E402
 from agentboost.envs.registry import make_environment  # noqa: E402
 from agentboost.envs.task import Task  # noqa: E402
-from agentboost.tokens.qwen import load_qwen3_tokenizer  # noqa: E402
+from agentboost.models.tokenizers import load_qwen3_tokenizer  # noqa: E402
 
 AENV_TOOL = '''
 from aenv import register_tool

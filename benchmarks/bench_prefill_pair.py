@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
+from agentboost.models.weights import resolve_model
 
 
 def main() -> None:

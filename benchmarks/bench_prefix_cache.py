@@ -36,10 +36,10 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import resolve_model
 
 
 class Recording:

@@ -18,9 +18,9 @@ import time
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 from agentboost.rollout.results import ResultStore
 from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
-from agentboost.tokens.qwen import load_qwen3_tokenizer
 
 
 def rss_bytes() -> int:

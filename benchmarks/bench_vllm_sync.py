@@ -22,10 +22,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.models import pull_default_model
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
 from agentboost.engines.weight_sync import WeightSync
+from agentboost.models.weights import pull_default_model
 
 
 async def answer(url: str) -> int:

@@ -12,7 +12,7 @@ from strands import tool
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.tokens.qwen import load_qwen3_tokenizer
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")

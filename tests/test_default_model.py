@@ -8,10 +8,10 @@ from conftest import run
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import pull_default_model
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import pull_default_model
 
 pytestmark = pytest.mark.slow
 

@@ -155,7 +155,7 @@ class LocalEngine:
         """Load any causal LM (hub id or local directory; ``smollm2-135m-instruct`` is the default)."""
         from transformers import AutoModelForCausalLM
 
-        from agentboost.engines.models import quiet_loading, resolve_model
+        from agentboost.models.weights import quiet_loading, resolve_model
 
         path = resolve_model(name_or_path)
         quiet_loading()

@@ -17,10 +17,10 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
 from agentboost.envs.math_problems import extract_answer
 from agentboost.envs.registry import make_environment
+from agentboost.models.tokenizers import load_tokenizer
 
 
 def tool_calls(result) -> int:

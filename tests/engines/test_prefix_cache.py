@@ -365,8 +365,8 @@ REAL_MODEL_TOLERANCE = 1e-4
 
 @pytest.mark.slow
 def test_the_real_default_model_gives_the_same_results_with_the_cache():
-    from agentboost.engines.factory import load_tokenizer
-    from agentboost.engines.models import pull_default_model
+    from agentboost.models.tokenizers import load_tokenizer
+    from agentboost.models.weights import pull_default_model
 
     path = pull_default_model(quiet=True)
     tokenizer = load_tokenizer(str(path))

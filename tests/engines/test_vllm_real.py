@@ -39,7 +39,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from agentboost.engines.models import pull_default_model
+    from agentboost.models.weights import pull_default_model
 
     return str(pull_default_model(quiet=True))
 
@@ -68,7 +68,7 @@ def teacher(model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentboost.engines.factory import load_tokenizer
+    from agentboost.models.tokenizers import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     return model, load_tokenizer(model_dir)

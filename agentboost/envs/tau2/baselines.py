@@ -84,7 +84,7 @@ BREAKDOWN_OF = {"tau2": "tau2", "strict": "strict", "toolrl": "toolrl"}
 
 
 def main() -> int:
-    from agentboost.tokens.qwen import load_qwen3_tokenizer
+    from agentboost.models.tokenizers import load_qwen3_tokenizer
 
     tokenizer = load_qwen3_tokenizer()
     print("| policy | domain | reward | mean reward | reward >= 1 on | coverage |")

@@ -194,7 +194,8 @@ class Tau2Environment(Environment):
         if self._simulator is not None:
             return self._simulator
         if isinstance(engine, str):
-            from agentboost.engines.factory import load_tokenizer, make_engine
+            from agentboost.engines.factory import make_engine
+            from agentboost.models.tokenizers import load_tokenizer
 
             if model is None:
                 raise ConfigError(f"simulator_engine={engine!r} needs simulator_model (for its tokenizer)")
