@@ -22,7 +22,7 @@ _PUBLIC: dict[str, str] = {
     "Task": "agentboost.envs.task",
     "Reward": "agentboost.envs.base",
     "RewardFunction": "agentboost.envs.base",
-    "UserTurn": "agentboost.agent.rollout",
+    "UserTurn": "agentboost.agent.episode",
     "RolloutLimits": "agentboost.agent.limits",
     "register_environment": "agentboost.envs.registry",
     "make_environment": "agentboost.envs.registry",
@@ -39,7 +39,7 @@ _PUBLIC: dict[str, str] = {
     "Tokenizer": "agentboost.tokens.tokenizer",
     "make_engine": "agentboost.engines.factory",
     "load_tokenizer": "agentboost.models.tokenizers",
-    "run_agent": "agentboost.agent.rollout",
+    "run_agent": "agentboost.agent.episode",
     # evaluating
     "evaluate_run": "agentboost.eval.evaluate",
     "build_report": "agentboost.eval.evaluate",
@@ -105,8 +105,8 @@ def __dir__() -> list[str]:
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the idiom)
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports on demand
+    from agentboost.agent.episode import UserTurn, run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import UserTurn, run_agent
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import make_engine
     from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult

@@ -23,8 +23,8 @@ import time
 import aiohttp
 from strands import tool
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.gateway.server import Gateway

@@ -113,7 +113,7 @@ async def throughput(server: dict, concurrency: int, rollouts: int, tokenizer) -
 
     async def one(index: int):
         async with limit:
-            return await environment.rollout(Task(f"t{index}", "What is (1 + 2) * 2?"), engine, tokenizer)
+            return await environment.run_episode(Task(f"t{index}", "What is (1 + 2) * 2?"), engine, tokenizer)
 
     started = time.perf_counter()
     results = await asyncio.gather(*(one(index) for index in range(rollouts)))

@@ -67,7 +67,9 @@ def first_prompt(model: Any, tokenizer: Any) -> list[int]:
     task = environment.tasks(1, seed=0)[0]
     limits = RolloutLimits(max_turns=1, max_new_tokens=1)
     asyncio.run(
-        environment.rollout(task, recorder, tokenizer, sampling=SamplingParams(temperature=0), limits=limits)
+        environment.run_episode(
+            task, recorder, tokenizer, sampling=SamplingParams(temperature=0), limits=limits
+        )
     )
     recorder.engine.close()
     return recorder.prompts[0]
@@ -112,7 +114,7 @@ def grpo_step(engine: Any, tokenizer: Any, step: int) -> tuple[float, int, int]:
     async def main():
         return await asyncio.gather(
             *(
-                environment.rollout(
+                environment.run_episode(
                     task,
                     engine,
                     tokenizer,

@@ -28,7 +28,7 @@ def test_default_model_rollout_is_token_exact(smollm2):
     task = environment.tasks(1, seed=3)[0]
     sampling = SamplingParams(temperature=0.8, seed=0)
     result = run(
-        environment.rollout(
+        environment.run_episode(
             task, engine, tokenizer, sampling=sampling, limits=RolloutLimits(max_turns=2, max_new_tokens=24)
         )
     )

@@ -119,7 +119,7 @@ class GatewayEnvironment(Environment):
 
     # --- one rollout ------------------------------------------------------------------------------
 
-    async def rollout(
+    async def run_episode(
         self,
         task: Task,
         engine: Engine,

@@ -52,7 +52,10 @@ async def main() -> None:
     sampling = SamplingParams(temperature=args.temperature)
     started = time.perf_counter()
     results = await asyncio.gather(
-        *(environment.rollout(task, engine, tokenizer, sampling=sampling, limits=limits) for task in tasks)
+        *(
+            environment.run_episode(task, engine, tokenizer, sampling=sampling, limits=limits)
+            for task in tasks
+        )
     )
     seconds = time.perf_counter() - started
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

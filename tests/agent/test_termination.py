@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from conftest import QUESTION, SYSTEM, add, multiply, run
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import Generation
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.errors import EngineError

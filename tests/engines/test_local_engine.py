@@ -9,8 +9,8 @@ import torch
 from conftest import SYSTEM, add, multiply, run
 from transformers import AutoModelForCausalLM
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
 from agentboost.errors import ConfigError, ContextLengthError

@@ -410,8 +410,8 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
 def test_a_rollout_reports_its_cached_and_computed_prompt_tokens(model, qwen_tokenizer):
     from conftest import add
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
 
     engine = LocalEngine(model)
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'

@@ -503,8 +503,8 @@ def test_greedy_generations_are_identical_in_process_and_through_both_clients(ti
 def _rollout(tokenizer, **limits: int):
     from conftest import QUESTION, SYSTEM, add, multiply
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
 
     async def work(engine):
         return await run_agent(
@@ -565,8 +565,8 @@ def test_grpo_siblings_of_one_task_each_keep_their_own_server_through_whole_roll
     the siblings are spread over both, and the first to finish does not unbind the other."""
     from conftest import QUESTION, SYSTEM, add
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
     from agentboost.engines.scripted import ScriptedEngine
 
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'

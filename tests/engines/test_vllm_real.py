@@ -163,7 +163,7 @@ def test_rollouts_on_every_builtin_environment_are_the_servers_answers_with_exac
         try:
             return engine.answers, await asyncio.gather(
                 *(
-                    environment.rollout(
+                    environment.run_episode(
                         task,
                         engine,
                         tokenizer,

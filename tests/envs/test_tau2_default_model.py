@@ -23,7 +23,7 @@ def test_a_real_conversation_on_one_engine_is_clean_and_correctly_masked():
     env = Tau2Environment(domain="retail", max_user_turns=2, simulator_max_new_tokens=24)
     task = env.tasks(1, split="test")[0]
     result = asyncio.run(
-        env.rollout(
+        env.run_episode(
             task,
             engine,
             tokenizer,

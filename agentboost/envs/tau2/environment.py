@@ -185,7 +185,7 @@ class Tau2Environment(Environment):
             if episode.engine is None:
                 raise ConfigError(
                     "the tau2 simulator shares the agent's engine, which an episode carries only inside "
-                    "rollout() (from start on); pass simulator_engine to use it elsewhere"
+                    "run_episode() (from start on); pass simulator_engine to use it elsewhere"
                 )
             agent_tokenizer = episode.tokenizer
             return self._make_simulator(

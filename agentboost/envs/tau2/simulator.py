@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentboost.agent.rollout import stop_token_ids
+from agentboost.agent.episode import stop_token_ids
 from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.tau2.package import stop_markers, user_guidelines, user_system_prompt_frame
 from agentboost.errors import AgentBoostError
