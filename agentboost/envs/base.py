@@ -48,11 +48,14 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, UnscorableError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.tokenizer import Tokenizer, tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 if TYPE_CHECKING:
+    from strands.types.content import Messages
+
     from agentboost.eval.stats import Table
 
 logger = logging.getLogger(__name__)
@@ -122,7 +125,7 @@ class Episode:
         """The environment's per-rollout objects (a database copy, a sandbox lease, a simulator)."""
         self.info: dict[str, Any] = {}
         """Merged into ``trajectory.info`` (JSON-serialisable), e.g. a user simulator's own tokens."""
-        self.messages: list[dict[str, Any]] = []
+        self.messages: Messages = []
         """The Strands SDK's message list once the agent ran (for rewards that read it)."""
         self.tool_metadata: dict[str, dict[str, Any]] = {}
         """Facts a tool recorded about one call, by tool-use id; they appear as that call's tool
@@ -300,9 +303,7 @@ class Environment:
         """Strands hook providers for ONE rollout (metrics, guards, custom stops)."""
         return []
 
-    async def next_user_message(
-        self, episode: Episode, messages: list[dict[str, Any]]
-    ) -> UserTurn | str | None:
+    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | str | None:
         """Called when the agent ends a turn without calling a tool: the user's next message, or None
         to end the rollout (``completed``). ``messages`` is the conversation so far (trajectory form).
         A returned message is appended token-exactly, with loss mask 0."""

@@ -47,6 +47,7 @@ from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolr
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
 from agentboost.errors import ConfigError, EngineError, UnscorableError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -282,7 +283,7 @@ class Tau2Environment(Environment):
 
         return tau2_tools(episode.state["environment"], episode.state["log"], on_call=on_call)
 
-    async def next_user_message(self, episode: Episode, messages: list[dict[str, Any]]) -> UserTurn | None:
+    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | None:
         if self.mode == "ticket":
             return None
         if episode.state["user_turns"] >= self.max_user_turns:
