@@ -53,11 +53,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     from agentboost.gateway.server import Gateway
     from agentboost.models.tokenizers import load_tokenizer
     from agentboost.models.weights import DEFAULT_MODEL
+    from agentboost.tokens.tokenizer import tokenizer_of
     from agentboost.tokens.trajectory import TerminationReason, write_jsonl
 
     model = args.model or DEFAULT_MODEL
     engine = make_engine(args.engine, model=model, urls=args.url or ())
-    tokenizer = getattr(engine, "tokenizer", None) or load_tokenizer(model)
+    tokenizer = tokenizer_of(engine) or load_tokenizer(model)
     gateway = Gateway(
         engine,
         tokenizer,

@@ -257,9 +257,8 @@ def _harness(name: str) -> str:
 _RESULT_MARKER = "@@agentboost-function-result@@"
 
 # Runs in the sandbox: harness/function.py, given the prelude's text and the result marker.
-_FUNCTION_HARNESS = f"_PRELUDE = {_harness('prelude')!r}\n_RESULT_MARKER = {_RESULT_MARKER!r}\n" + _harness(
-    "function"
-)
+_GIVEN_TO_FUNCTION = f"_PRELUDE = {_harness('prelude')!r}\n_RESULT_MARKER = {_RESULT_MARKER!r}\n"
+_FUNCTION_HARNESS = _GIVEN_TO_FUNCTION + _harness("function")
 
 _MEMORY_ERROR = re.compile(r"^MemoryError\b", re.M)
 
@@ -415,7 +414,7 @@ _CHECKER_OUTCOMES = {
     "candidate_gone": TestStatus.RUNTIME_ERROR,
     "missing_name": TestStatus.SANDBOX_ERROR,
 }
-"""The checker's outcomes (see _CHECKER_HARNESS) and the status each gives; anything else is a
+"""The checker's outcomes (see harness/checker.py) and the status each gives; anything else is a
 sandbox_error."""
 
 
