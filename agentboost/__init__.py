@@ -22,7 +22,7 @@ _PUBLIC: dict[str, str] = {
     "Task": "agentboost.envs.task",
     "Reward": "agentboost.envs.base",
     "RewardFunction": "agentboost.envs.base",
-    "UserTurn": "agentboost.agent.rollout",
+    "UserTurn": "agentboost.agent.episode",
     "RolloutLimits": "agentboost.agent.limits",
     "register_environment": "agentboost.envs.registry",
     "make_environment": "agentboost.envs.registry",
@@ -38,8 +38,8 @@ _PUBLIC: dict[str, str] = {
     "SamplingParams": "agentboost.engines.base",
     "Tokenizer": "agentboost.tokens.tokenizer",
     "make_engine": "agentboost.engines.factory",
-    "load_tokenizer": "agentboost.engines.factory",
-    "run_agent": "agentboost.agent.rollout",
+    "load_tokenizer": "agentboost.models.tokenizers",
+    "run_agent": "agentboost.agent.episode",
     # evaluating
     "evaluate_run": "agentboost.eval.evaluate",
     "build_report": "agentboost.eval.evaluate",
@@ -105,15 +105,16 @@ def __dir__() -> list[str]:
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the idiom)
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports on demand
+    from agentboost.agent.episode import UserTurn, run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import UserTurn, run_agent
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.engines.factory import make_engine
     from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult
     from agentboost.envs.registry import make_environment, register_environment
     from agentboost.envs.task import Task
     from agentboost.errors import AgentBoostError, ConfigError
     from agentboost.eval.evaluate import build_report, evaluate_run
+    from agentboost.models.tokenizers import load_tokenizer
     from agentboost.rollout.results import read_results
     from agentboost.rollout.run import run_rollouts, run_rollouts_async
     from agentboost.rollout.runner import RunSummary

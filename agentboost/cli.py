@@ -16,7 +16,7 @@ from agentboost.errors import AgentBoostError, ConfigError
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from agentboost.engines.models import pull_default_model
+    from agentboost.models.weights import pull_default_model
 
     print(pull_default_model(force=args.force))
     return 0

@@ -36,10 +36,10 @@ from typing import Any
 import torch
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
 from agentboost.memory import resident_bytes
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import resolve_model
 
 TEXT = (
     "The committee reviewed the quarterly figures for every region, compared them with the forecasts "
@@ -56,19 +56,21 @@ def prompts(tokenizer: Any, count: int, length: int = 400) -> list[list[int]]:
 
 
 async def batch(engine: Any, prompt_ids: Sequence[list[int]], new_tokens: int) -> int:
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
-    results = await asyncio.gather(*(engine.generate(ids, sampling) for ids in prompt_ids))
+    sampling = SamplingParams(temperature=1.0)
+    results = await asyncio.gather(
+        *(engine.generate(ids, sampling, max_new_tokens=new_tokens) for ids in prompt_ids)
+    )
     return sum(len(r.token_ids) for r in results)
 
 
 async def conversations(engine: Any, firsts: Sequence[list[int]], turns: int, new_tokens: int) -> int:
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
+    sampling = SamplingParams(temperature=1.0)
     tool_result = list(range(2000, 2024))
 
     async def one(prompt: list[int]) -> int:
         generated = 0
         for _ in range(turns):
-            result = await engine.generate(prompt, sampling)
+            result = await engine.generate(prompt, sampling, max_new_tokens=new_tokens)
             generated += len(result.token_ids)
             prompt = prompt + result.token_ids + tool_result
         return generated

@@ -25,12 +25,12 @@ import time
 import aiohttp
 from strands import tool
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.gateway.server import Gateway
-from agentboost.tokens.qwen import load_qwen3_tokenizer
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 from agentboost.tokens.templates import tool_specs_to_openai
 
 MARKS = (10, 50, 150)

@@ -31,7 +31,7 @@ from agentboost.engines.scripted import ScriptedEngine  # noqa: E402
 from agentboost.envs.mcp.servers import EpisodeConnection, ServerSpec  # noqa: E402
 from agentboost.envs.registry import make_environment  # noqa: E402
 from agentboost.envs.task import Task  # noqa: E402
-from agentboost.tokens.qwen import load_qwen3_tokenizer  # noqa: E402
+from agentboost.models.tokenizers import load_qwen3_tokenizer  # noqa: E402
 
 AENV_TOOL = '''
 from aenv import register_tool
@@ -113,7 +113,7 @@ async def throughput(server: dict, concurrency: int, rollouts: int, tokenizer) -
 
     async def one(index: int):
         async with limit:
-            return await environment.rollout(Task(f"t{index}", "What is (1 + 2) * 2?"), engine, tokenizer)
+            return await environment.run_episode(Task(f"t{index}", "What is (1 + 2) * 2?"), engine, tokenizer)
 
     started = time.perf_counter()
     results = await asyncio.gather(*(one(index) for index in range(rollouts)))

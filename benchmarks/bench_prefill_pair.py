@@ -14,16 +14,16 @@ from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
+from agentboost.models.weights import resolve_model
 
 
 def main() -> None:
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"), dtype=torch.float32)
     prompt = [(i * 7919) % 40000 + 100 for i in range(947)]
-    one = SamplingParams(temperature=0, max_new_tokens=1)
+    one = SamplingParams(temperature=0)
     cached, plain = LocalEngine(model.eval()), LocalEngine(model, prefix_cache_bytes=0)
-    asyncio.run(cached.generate(prompt[:916], one))
+    asyncio.run(cached.generate(prompt[:916], one, max_new_tokens=1))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for label, prompts in (
         ("same prompt", [prompt] * 3),
@@ -32,7 +32,7 @@ def main() -> None:
         for ids in prompts:
             for name, engine in (("cache", cached), ("no cache", plain)):
                 started = time.perf_counter()
-                generation = asyncio.run(engine.generate(ids, one))
+                generation = asyncio.run(engine.generate(ids, one, max_new_tokens=1))
                 print(
                     f"{label:>20} {name:>8}: {time.perf_counter() - started:5.2f} s, "
                     f"prefilled {generation.metrics['prompt_computed_tokens']:.0f}",

@@ -36,10 +36,10 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import resolve_model
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import resolve_model
 
 
 class Recording:
@@ -52,9 +52,9 @@ class Recording:
     def context_length(self) -> int | None:
         return self.engine.context_length
 
-    async def generate(self, prompt_ids, sampling) -> Generation:
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens) -> Generation:
         self.prompts.append(list(prompt_ids))
-        return await self.engine.generate(prompt_ids, sampling)
+        return await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
     async def aclose(self) -> None:
         return None
@@ -67,7 +67,9 @@ def first_prompt(model: Any, tokenizer: Any) -> list[int]:
     task = environment.tasks(1, seed=0)[0]
     limits = RolloutLimits(max_turns=1, max_new_tokens=1)
     asyncio.run(
-        environment.rollout(task, recorder, tokenizer, sampling=SamplingParams(temperature=0), limits=limits)
+        environment.run_episode(
+            task, recorder, tokenizer, sampling=SamplingParams(temperature=0), limits=limits
+        )
     )
     recorder.engine.close()
     return recorder.prompts[0]
@@ -77,13 +79,13 @@ def multi_turn(
     engine: LocalEngine, start: list[int], tokenizer: Any, turns: int, new_tokens: int, label: str
 ) -> list[dict[str, float]]:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    sampling = SamplingParams(temperature=0, max_new_tokens=new_tokens, stop_token_ids=(end,))
+    sampling = SamplingParams(temperature=0, stop_token_ids=(end,))
 
     async def main() -> list[dict[str, float]]:
         prompt, rows = list(start), []
         for turn in range(turns):
             started, cpu = time.perf_counter(), time.process_time()
-            generation = await engine.generate(prompt, sampling)
+            generation = await engine.generate(prompt, sampling, max_new_tokens=new_tokens)
             rows.append(
                 {
                     "prompt": len(prompt),
@@ -112,7 +114,7 @@ def grpo_step(engine: Any, tokenizer: Any, step: int) -> tuple[float, int, int]:
     async def main():
         return await asyncio.gather(
             *(
-                environment.rollout(
+                environment.run_episode(
                     task,
                     engine,
                     tokenizer,
@@ -138,10 +140,12 @@ def grpo_step(engine: Any, tokenizer: Any, step: int) -> tuple[float, int, int]:
 
 
 def engine_batch(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    sampling = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    sampling = SamplingParams(temperature=0)
 
     async def main():
-        return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+        return await asyncio.gather(
+            *(engine.generate(p, sampling, max_new_tokens=new_tokens) for p in prompts)
+        )
 
     started = time.perf_counter()
     outputs = asyncio.run(main())

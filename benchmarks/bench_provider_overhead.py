@@ -24,10 +24,10 @@ from strands import tool
 
 from agentboost.agent import provider as provider_module
 from agentboost.agent import termination as termination_module
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.tokens.qwen import load_qwen3_tokenizer
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 
 
 @tool

@@ -59,14 +59,16 @@ def _peak_rss_mb(pid: int | None = None) -> float:
 
 
 async def _round(
-    engine: RemoteEngine, prompts: list[list[int]], sampling: SamplingParams
+    engine: RemoteEngine, prompts: list[list[int]], sampling: SamplingParams, max_new_tokens: int
 ) -> dict[str, float]:
     """All prompts at once; returns the round's figures."""
 
     async def one(prompt: list[int]) -> tuple[Generation | BaseException, float]:
         started = time.perf_counter()
         try:
-            result: Generation | BaseException = await engine.generate(prompt, sampling)
+            result: Generation | BaseException = await engine.generate(
+                prompt, sampling, max_new_tokens=max_new_tokens
+            )
         except Exception as error:  # counted, not raised: the benchmark reports errors
             result = error
         return result, time.perf_counter() - started
@@ -101,9 +103,9 @@ async def _bench(url: str, kind: str, args: argparse.Namespace) -> list[dict[str
         SGLangEngine(url, retry=retry) if kind == "sglang" else VLLMEngine(url, retry=retry, model="bench")
     )
     prompts = [[3 + (n + i) % 1000 for i in range(args.prompt_tokens)] for n in range(args.requests)]
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, stop_token_ids=(STOP_ID,))
+    sampling = SamplingParams(temperature=0.0, stop_token_ids=(STOP_ID,))
     try:
-        rounds = [await _round(engine, prompts, sampling) for _ in range(args.rounds)]
+        rounds = [await _round(engine, prompts, sampling, args.new_tokens) for _ in range(args.rounds)]
     finally:
         await engine.aclose()
     return rounds

@@ -18,9 +18,9 @@ import time
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 from agentboost.rollout.results import ResultStore
 from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
-from agentboost.tokens.qwen import load_qwen3_tokenizer
 
 
 def rss_bytes() -> int:
@@ -37,13 +37,13 @@ class GatedEngine(ScriptedEngine):
         self.waiting = 0
         self.gate = asyncio.Event()
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens):
         if not self.gate.is_set():
             self.waiting += 1
             if self.waiting >= self.rollouts:
                 self.gate.set()
             await self.gate.wait()
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
 
 async def main(rollouts: int) -> None:

@@ -23,17 +23,17 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.models import pull_default_model
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
 from agentboost.engines.weight_sync import WeightSync
+from agentboost.models.weights import pull_default_model
 
 
 async def answer(url: str) -> int:
     engine = VLLMEngine(url)
     try:
         generation = await engine.generate(
-            [1, 504, 3260, 314], SamplingParams(temperature=0, max_new_tokens=4)
+            [1, 504, 3260, 314], SamplingParams(temperature=0), max_new_tokens=4
         )
         return len(generation.token_ids)
     finally:

@@ -28,9 +28,9 @@ def requests(batch: int, length: int, loop: asyncio.AbstractEventLoop) -> list[_
     made = []
     for row in range(batch):
         ids = [(1000 + 37 * row + 11 * i) % 48000 + 100 for i in range(length)]
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=1_000_000, seed=row)
+        sampling = SamplingParams(temperature=1.0, seed=row)
         generator = torch.Generator().manual_seed(row)
-        made.append(_Request(ids, sampling, loop, loop.create_future(), generator))
+        made.append(_Request(ids, sampling, loop, loop.create_future(), generator, max_new_tokens=1_000_000))
     return made
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from results_support import scripted_results  # noqa: E402
 
-from agentboost.tokens.qwen import load_qwen3_tokenizer  # noqa: E402
+from agentboost.models.tokenizers import load_qwen3_tokenizer  # noqa: E402
 from agentboost.view.html import write_report  # noqa: E402
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 from strands import tool
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.tokens.qwen import load_qwen3_tokenizer
+from agentboost.models.tokenizers import load_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")

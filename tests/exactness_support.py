@@ -16,9 +16,9 @@ class RecordingEngine:
     def context_length(self):
         return self.engine.context_length
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens):
         self.prompts.append(list(prompt_ids))
-        return await self.engine.generate(prompt_ids, sampling)
+        return await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
     async def aclose(self):
         await self.engine.aclose()

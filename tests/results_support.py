@@ -12,8 +12,8 @@ from pathlib import Path
 
 from strands import tool
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode, Reward, RewardFailure, RolloutResult, Task
 from agentboost.rollout.results import ResultStore

@@ -8,10 +8,10 @@ from conftest import run
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import pull_default_model
 from agentboost.envs.arithmetic import ArithmeticEnvironment
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import pull_default_model
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_default_model_rollout_is_token_exact(smollm2):
     task = environment.tasks(1, seed=3)[0]
     sampling = SamplingParams(temperature=0.8, seed=0)
     result = run(
-        environment.rollout(
+        environment.run_episode(
             task, engine, tokenizer, sampling=sampling, limits=RolloutLimits(max_turns=2, max_new_tokens=24)
         )
     )

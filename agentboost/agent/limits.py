@@ -30,8 +30,8 @@ class RolloutLimits:
     """Budget for everything after the first prompt (generated and appended tokens), e.g. veRL's
     response_length. Reaching it ends the rollout with ``context_full``."""
     max_new_tokens: int = 1024
-    """Generated tokens per turn. The one owner of the per-turn budget: a rollout's
-    ``SamplingParams.max_new_tokens`` is filled from it for every model call."""
+    """Generated tokens per turn. The one owner of the per-turn budget: every model call of a rollout
+    passes it (clamped to the room the context leaves) as ``Engine.generate``'s ``max_new_tokens``."""
     timeout_s: float | None = None
     """Wall-clock budget for the whole rollout."""
 

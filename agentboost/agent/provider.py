@@ -27,6 +27,7 @@ from typing import Any
 from strands import tool
 from strands.models.model import Model
 
+from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.turn import generate_turn, turn_seed
 from agentboost.engines.base import Engine, FinishReason, SamplingParams
 from agentboost.errors import ConfigError, InvalidToolCall
@@ -108,7 +109,7 @@ class TokenModel(Model):
         self.template = template
         self.parser = parser
         self.sampling = sampling
-        self.turn_budget = turn_budget or (lambda _buffer: self.sampling.max_new_tokens)
+        self.turn_budget = turn_budget or (lambda _buffer: RolloutLimits.max_new_tokens)
         """How many new tokens the next turn may have, given the buffer (the rollout's limits decide)."""
         self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids]))
         self.buffer: TokenBuffer | None = None

@@ -72,9 +72,9 @@ async def generate_turn(
 
     A turn cut short by ``budget`` (finish ``length``) is not read for tool calls.
     """
-    request = replace(sampling, max_new_tokens=budget, stop_token_ids=tuple(stop_token_ids), seed=seed)
+    request = replace(sampling, stop_token_ids=tuple(stop_token_ids), seed=seed)
     started = time.perf_counter()
-    generation = await engine.generate(buffer.token_ids, request)
+    generation = await engine.generate(buffer.token_ids, request, max_new_tokens=budget)
     elapsed = time.perf_counter() - started
     ids = generation.token_ids
     finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in request.stop_token_ids

@@ -34,7 +34,12 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one generation."""
+    """How to sample one generation: the distribution and the stop ids, not the length.
+
+    The token budget is an argument of :meth:`Engine.generate` (``max_new_tokens``), because its one
+    owner is the caller: a rollout's turns get ``RolloutLimits.max_new_tokens`` clamped to the room its
+    context leaves, a served request its body's ``max_tokens``.
+    """
 
     temperature: float = 1.0
     """0 means greedy decoding; otherwise logits are divided by it before sampling."""
@@ -42,8 +47,6 @@ class SamplingParams:
     """Nucleus sampling mass in (0, 1]; 1 disables it."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables it."""
-    max_new_tokens: int = 512
-    """Upper bound on generated tokens, stop token included."""
     stop_token_ids: tuple[int, ...] = ()
     """Generation ends after any of these ids; the stop id is returned as the last token."""
     seed: int | None = None
@@ -52,20 +55,26 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        for name in ("top_k", "max_new_tokens"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), numbers.Integral):
-                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise ConfigError(f"top_k must be an integer, got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_max_new_tokens(max_new_tokens: int) -> int:
+    """``max_new_tokens`` if it is an integer >= 1; every engine checks its budget with this."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise ConfigError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return int(max_new_tokens)
 
 
 @dataclass
@@ -111,8 +120,14 @@ class Engine(Protocol):
         """The most tokens (prompt + generated) one sequence may hold, or None if unknown."""
         ...
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """Generate a continuation of ``prompt_ids``. Raises :class:`~agentboost.errors.EngineError`."""
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        """Generate at most ``max_new_tokens`` ids (stop id included) after ``prompt_ids``.
+
+        Raises :class:`~agentboost.errors.EngineError`; a budget below 1 is a
+        :class:`~agentboost.errors.ConfigError` (see :func:`check_max_new_tokens`).
+        """
         ...
 
     def bind(self, rollout: RolloutKey) -> Engine:

@@ -43,23 +43,6 @@ def make_engine(
     return VLLMEngine(list(urls), **options)
 
 
-def load_tokenizer(model: str) -> Any:
-    """The tokenizer of ``model`` (the default model is pulled first if needed)."""
-    from transformers import AutoTokenizer
-
-    from agentboost.engines.models import resolve_model
-    from agentboost.errors import TokenizerError
-
-    path = resolve_model(model)
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as error:
-        raise TokenizerError(
-            f"cannot load a tokenizer from {model}: {str(error).splitlines()[0][:300]}; "
-            "a model directory must hold its tokenizer files (tokenizer.json or tokenizer_config.json)"
-        ) from error
-
-
 async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
     """Ask each remote server's ``GET /health`` once, before a run, so a wrong ``--url`` fails in seconds.
 

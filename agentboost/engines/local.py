@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import trim_heap
@@ -77,6 +77,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Generation]
     generator: torch.Generator | None
+    max_new_tokens: int
     submitted: float = field(default_factory=time.perf_counter)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -154,7 +155,7 @@ class LocalEngine:
         """Load any causal LM (hub id or local directory; ``smollm2-135m-instruct`` is the default)."""
         from transformers import AutoModelForCausalLM
 
-        from agentboost.engines.models import quiet_loading, resolve_model
+        from agentboost.models.weights import quiet_loading, resolve_model
 
         path = resolve_model(name_or_path)
         quiet_loading()
@@ -177,7 +178,10 @@ class LocalEngine:
 
     # --- public API -------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
         prompt = list(prompt_ids)
         if not prompt:
             raise EngineError("the prompt is empty; a generation needs at least one token")
@@ -193,7 +197,7 @@ class LocalEngine:
                 generator.manual_seed(sampling.seed)
             else:
                 generator.seed()  # from the OS; the global RNG stays as the caller left it
-        request = _Request(prompt, sampling, loop, loop.create_future(), generator)
+        request = _Request(prompt, sampling, loop, loop.create_future(), generator, max_new_tokens)
         with self._wake:
             self._raise_if_closed()
             self._ensure_thread()
@@ -303,7 +307,7 @@ class LocalEngine:
                 budget, need = self.memory_budget_bytes / 2**20, projected / 2**20
                 message = (
                     f"the request needs {need:.0f} MiB of KV ({len(request.prompt_ids)} prompt tokens + "
-                    f"max_new_tokens={request.sampling.max_new_tokens}) but the engine's "
+                    f"max_new_tokens={request.max_new_tokens}) but the engine's "
                     f"memory_budget_bytes is {budget:.0f} MiB; raise the budget or lower max_new_tokens"
                 )
                 self._resolve(request, EngineError(message))
@@ -316,7 +320,7 @@ class LocalEngine:
         """The KV ``requests`` may hold together: each at its prompt plus max_new_tokens, padded."""
         if not requests or self._kv_token_bytes is None:
             return 0
-        longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in requests)
+        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
         if self._context_length is not None:
             longest = min(longest, self._context_length)
         return len(requests) * longest * self._kv_token_bytes
@@ -568,7 +572,7 @@ class LocalEngine:
             for index, request in enumerate(self._rows)
             if request.cancelled
             or (request.token_ids and request.token_ids[-1] in request.sampling.stop_token_ids)
-            or len(request.token_ids) >= request.sampling.max_new_tokens
+            or len(request.token_ids) >= request.max_new_tokens
             or (self._context_length is not None and self._lengths[index] + 1 >= self._context_length)
         ]
         if done:

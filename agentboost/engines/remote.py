@@ -17,7 +17,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.engines.probe import AGENTBOOST_SERVE, LogprobsFacts, probe_logprobs
 from agentboost.engines.transport import HttpClient, RetryPolicy
 from agentboost.errors import (
@@ -98,9 +98,11 @@ class RemoteEngine:
             return None
         return self._server_context - self.context_slack
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
         """Generate on the least-loaded server. Rollouts generate through :meth:`bind` instead."""
-        return await self._generate(prompt_ids, sampling, None)
+        return await self._generate(prompt_ids, sampling, max_new_tokens, None)
 
     async def aclose(self) -> None:
         """Close the connection pools (idempotent). A later request opens a new pool.
@@ -218,8 +220,9 @@ class RemoteEngine:
         return min(requested, room)
 
     async def _generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, rollout: Hashable | None
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, requested: int, rollout: Hashable | None
     ) -> Generation:
+        requested = check_max_new_tokens(requested)
         if not self._info_known:
             await self.fetch_model_info()
         clock = time.perf_counter()
@@ -227,7 +230,7 @@ class RemoteEngine:
         if not prompt:
             raise EngineRequestError(f"cannot send an empty prompt to the {self.server_kind} server")
         self.check_sampling(sampling)
-        max_new_tokens = self._room(len(prompt), sampling.max_new_tokens)
+        max_new_tokens = self._room(len(prompt), requested)
         body = self.build_request(prompt, sampling, max_new_tokens)
         build_s = time.perf_counter() - clock
         result = await self._client.request(
@@ -281,13 +284,15 @@ class BoundEngine:
         """The server this rollout uses; None before its first request."""
         return self.engine.server_for(self.rollout)
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
         if self._closed:
             raise EngineError(
                 f"the engine view for rollout {self.rollout} is closed; "
                 "bind the engine again for a new rollout"
             )
-        return await self.engine._generate(prompt_ids, sampling, self.rollout)
+        return await self.engine._generate(prompt_ids, sampling, max_new_tokens, self.rollout)
 
     def bind(self, rollout: RolloutKey | Hashable) -> BoundEngine:
         """Bind the underlying engine for another rollout (a view is one rollout's)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.errors import EngineError
 
 Script = Callable[[Sequence[int], int], Sequence[int]]
@@ -58,7 +58,10 @@ class ScriptedEngine:
     def unbind(self, rollout: RolloutKey) -> None:
         return None
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
         index = self.calls
         self.calls += 1
         if self.record_prompts:
@@ -71,8 +74,8 @@ class ScriptedEngine:
                 ids = ids[: position + 1]
                 finish = "stop"
                 break
-        if len(ids) > sampling.max_new_tokens:
-            ids = ids[: sampling.max_new_tokens]
+        if len(ids) > max_new_tokens:
+            ids = ids[:max_new_tokens]
             finish = "length"
         return Generation(
             token_ids=ids,

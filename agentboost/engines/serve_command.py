@@ -85,7 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         faults = faults_from_args(args)
         from agentboost.engines.local import LocalEngine
-        from agentboost.engines.models import DEFAULT_MODEL
+        from agentboost.models.weights import DEFAULT_MODEL
 
         model = args.model or DEFAULT_MODEL
         engine = LocalEngine.from_pretrained(model)
@@ -172,8 +172,8 @@ def run_serve_vllm(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from agentboost.engines.models import DEFAULT_MODEL, resolve_model
     from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
+    from agentboost.models.weights import DEFAULT_MODEL, resolve_model
 
     try:
         model = resolve_model(args.model or DEFAULT_MODEL)

@@ -131,7 +131,9 @@ def build_app(
                 await asyncio.sleep(injector.slow_delay_s)
             served = wire.read_request(body, context_length=context(), model_name=model_name)
             started = time.perf_counter()
-            generated = await engine.generate(served.prompt_ids, served.sampling)
+            generated = await engine.generate(
+                served.prompt_ids, served.sampling, max_new_tokens=served.max_new_tokens
+            )
             elapsed = time.perf_counter() - started
         except RequestFormatError as error:
             return _error(wire, str(error), error.status)

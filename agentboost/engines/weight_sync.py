@@ -178,7 +178,7 @@ class SyncedVLLMEngine:
     def context_length(self) -> int | None:
         return self.engine.context_length
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Any) -> Any:
+    async def generate(self, prompt_ids: Sequence[int], sampling: Any, *, max_new_tokens: int) -> Any:
         import asyncio
 
         loop = asyncio.get_running_loop()
@@ -189,7 +189,7 @@ class SyncedVLLMEngine:
                 await asyncio.to_thread(self.sync.push, self.model)
                 self._dirty = False
         version = self.sync.version
-        generation = await self.engine.generate(prompt_ids, sampling)
+        generation = await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
         self.sync.check_fresh(version)
         generation.metrics["weight_version"] = float(version)
         return generation

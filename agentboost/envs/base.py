@@ -2,7 +2,7 @@
 
 An environment is configuration shared by every rollout (it is built once per process from its
 registry name and keyword arguments); what belongs to ONE rollout lives in an :class:`Episode`. The
-lifecycle of one rollout, run by :meth:`Environment.rollout`::
+lifecycle of one rollout (an *episode*: one agent, one task, once), run by :meth:`Environment.run_episode`::
 
     episode = await env.reset(task, sample=...)     # per-rollout state: a DB copy, a sandbox lease...
     episode.engine, .tokenizer, .limits are set        # what this rollout runs on
@@ -37,21 +37,25 @@ import inspect
 import logging
 import math
 import traceback
+import warnings
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from agentboost.agent.episode import StopSignal, UserTurn, run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import StopSignal, UserTurn, run_agent
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, UnscorableError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.tokenizer import Tokenizer, tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 if TYPE_CHECKING:
+    from strands.types.content import Messages
+
     from agentboost.eval.stats import Table
 
 logger = logging.getLogger(__name__)
@@ -105,7 +109,7 @@ class Episode:
     ``cleanup``. Subclass it, or keep objects in :attr:`state`.
 
     From :meth:`Environment.start` on it also carries what the rollout runs on: :attr:`engine`,
-    :attr:`tokenizer` and :attr:`limits` (set by :meth:`Environment.rollout` after ``reset``), so an
+    :attr:`tokenizer` and :attr:`limits` (set by :meth:`Environment.run_episode` after ``reset``), so an
     environment can reach the rollout's own engine, e.g. for a simulated user that shares it."""
 
     def __init__(self, task: Task, sample: int = 0) -> None:
@@ -121,7 +125,7 @@ class Episode:
         """The environment's per-rollout objects (a database copy, a sandbox lease, a simulator)."""
         self.info: dict[str, Any] = {}
         """Merged into ``trajectory.info`` (JSON-serialisable), e.g. a user simulator's own tokens."""
-        self.messages: list[dict[str, Any]] = []
+        self.messages: Messages = []
         """The Strands SDK's message list once the agent ran (for rewards that read it)."""
         self.tool_metadata: dict[str, dict[str, Any]] = {}
         """Facts a tool recorded about one call, by tool-use id; they appear as that call's tool
@@ -256,6 +260,22 @@ class Environment:
     reward_fn: RewardFunction | None = None
     """The reward used by the default :meth:`reward`."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        legacy = cls.__dict__.get("rollout")
+        if legacy is not None and "run_episode" not in cls.__dict__:  # written for the old name
+            _warn_rollout_renamed(f"{cls.__qualname__} overrides Environment.rollout")
+            cls.run_episode = legacy  # type: ignore[method-assign]
+
+    async def rollout(self, *args: Any, **kwargs: Any) -> RolloutResult:
+        """Deprecated name of :meth:`run_episode` (warns once); it runs :meth:`run_episode`."""
+        _warn_rollout_renamed("Environment.rollout() was called")
+        for klass in type(self).__mro__:  # the nearest run_episode that is not an old override's alias
+            episode = vars(klass).get("run_episode")
+            if episode is not None and (klass is Environment or "rollout" not in vars(klass)):
+                return await episode(self, *args, **kwargs)
+        raise AssertionError("unreachable: Environment defines run_episode")
+
     # --- tasks ----------------------------------------------------------------------------------
 
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> Sequence[Task]:
@@ -283,9 +303,7 @@ class Environment:
         """Strands hook providers for ONE rollout (metrics, guards, custom stops)."""
         return []
 
-    async def next_user_message(
-        self, episode: Episode, messages: list[dict[str, Any]]
-    ) -> UserTurn | str | None:
+    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | str | None:
         """Called when the agent ends a turn without calling a tool: the user's next message, or None
         to end the rollout (``completed``). ``messages`` is the conversation so far (trajectory form).
         A returned message is appended token-exactly, with loss mask 0."""
@@ -351,7 +369,7 @@ class Environment:
         except Exception as error:
             return RewardFailure(f"{_describe(error)} {where}", unscorable=False)
 
-    async def rollout(
+    async def run_episode(
         self,
         task: Task,
         engine: Engine,
@@ -374,7 +392,7 @@ class Environment:
             )
         if not isinstance(task, Task):
             raise ConfigError(
-                f"{type(self).__name__}.rollout() takes a Task, got {type(task).__name__}; "
+                f"{type(self).__name__}.run_episode() takes a Task, got {type(task).__name__}; "
                 "build tasks with agentboost.envs.task.Task (Task.from_dict for JSON rows)"
             )
         info = {"environment": self.name, "sample": sample}
@@ -436,6 +454,22 @@ class Environment:
             return RolloutResult(task.id, sample, trajectory, reward.value, reward.breakdown, reward.info)
         finally:
             await _cleanup(self, episode)
+
+
+_ROLLOUT_RENAMED_WARNED: set[str] = set()
+
+
+def _warn_rollout_renamed(what: str) -> None:
+    """One DeprecationWarning per cause: ``Environment.rollout`` is now ``run_episode``."""
+    if what in _ROLLOUT_RENAMED_WARNED:
+        return
+    _ROLLOUT_RENAMED_WARNED.add(what)
+    warnings.warn(
+        f"{what}: Environment.rollout is now Environment.run_episode (the old name keeps working for "
+        "now; rename the method or the call)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 async def _cleanup(environment: Environment, episode: Episode) -> None:

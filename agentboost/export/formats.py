@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.io_safety import replaced_atomically
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -56,14 +57,14 @@ class ExportFilter:
 # --- the chat form ----------------------------------------------------------------------------
 
 
-def chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def chat_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """A trajectory's messages as people read them: role and content first, the generated ``raw``
     text dropped (it repeats content and calls), tool results with their name, error flag and the
     tool's metadata (e.g. a test status)."""
-    chat: list[dict[str, Any]] = []
+    chat: list[ChatMessage] = []
     for message in messages:
-        role = message.get("role")
-        item: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
+        role = message["role"]
+        item: ChatMessage = {"role": role, "content": message.get("content") or ""}
         if role == "assistant":
             if message.get("reasoning_content"):
                 item["reasoning_content"] = message["reasoning_content"]

@@ -49,14 +49,16 @@ def run_gateway(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} exists; pick a new --out so no earlier sessions are overwritten")
     from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.factory import load_tokenizer, make_engine
-    from agentboost.engines.models import DEFAULT_MODEL
+    from agentboost.engines.factory import make_engine
     from agentboost.gateway.server import Gateway
+    from agentboost.models.tokenizers import load_tokenizer
+    from agentboost.models.weights import DEFAULT_MODEL
+    from agentboost.tokens.tokenizer import tokenizer_of
     from agentboost.tokens.trajectory import TerminationReason, write_jsonl
 
     model = args.model or DEFAULT_MODEL
     engine = make_engine(args.engine, model=model, urls=args.url or ())
-    tokenizer = getattr(engine, "tokenizer", None) or load_tokenizer(model)
+    tokenizer = tokenizer_of(engine) or load_tokenizer(model)
     gateway = Gateway(
         engine,
         tokenizer,

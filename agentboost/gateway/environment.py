@@ -40,6 +40,7 @@ from agentboost.errors import ConfigError
 from agentboost.gateway.server import Gateway
 from agentboost.gateway.session import DriftPolicy, GatewaySession, check_policy
 from agentboost.tokens.templates import ChatTemplate
+from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason
 
 _OUTPUT_TAIL = 2000
@@ -119,7 +120,7 @@ class GatewayEnvironment(Environment):
 
     # --- one rollout ------------------------------------------------------------------------------
 
-    async def rollout(
+    async def run_episode(
         self,
         task: Task,
         engine: Engine,
@@ -132,7 +133,7 @@ class GatewayEnvironment(Environment):
     ) -> RolloutResult:
         """Open a session, run the agent against it, score the session's trajectory. Never raises for
         a failed rollout; cancellation propagates after cleanup."""
-        tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
         if tokenizer is None:
             raise ConfigError("no tokenizer: pass one, or use an engine that carries one")
         limits = limits or self.limits

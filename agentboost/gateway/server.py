@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
+from agentboost.agent.episode import stop_token_ids
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import stop_token_ids
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
 from agentboost.errors import ConfigError
 from agentboost.gateway import anthropic_api, openai_api

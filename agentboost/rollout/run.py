@@ -85,8 +85,8 @@ async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None
         sampling=spec.sampling(),
         options=spec.engine_options(),
     )
-    from agentboost.engines.models import DEFAULT_MODEL, resolve_model
     from agentboost.envs.registry import environment_tasks, make_environment
+    from agentboost.models.weights import DEFAULT_MODEL, resolve_model
 
     environment = make_environment(spec.environment, spec.environment_kwargs)
     limits = spec.resolve_limits(environment.limits)
@@ -111,7 +111,8 @@ async def executing(run: PreparedRun) -> AsyncIterator[Any]:
         async with WorkerPool(spec) as pool:
             yield pool.execute
         return
-    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.engines.factory import make_engine
+    from agentboost.models.tokenizers import load_tokenizer
     from agentboost.rollout.runner import in_process
     from agentboost.tokens.templates import template_for
 

@@ -147,7 +147,7 @@ def in_process(
 
     async def execute(job: Job) -> RolloutResult:
         task = Task.from_dict(job.task)
-        return await environment.rollout(
+        return await environment.run_episode(
             task,
             engine,
             tokenizer,

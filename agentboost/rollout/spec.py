@@ -28,8 +28,8 @@ from typing import Any
 
 from agentboost.cli_args import MAX_CONCURRENCY, MAX_SAMPLES, MAX_TASKS, TASKS_WHY, count, number
 from agentboost.engines.factory import ENGINE_KINDS
-from agentboost.engines.models import DEFAULT_MODEL
 from agentboost.errors import ConfigError
+from agentboost.models.weights import DEFAULT_MODEL
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -31,8 +31,9 @@ def _describe(error: BaseException) -> str:
 
 
 async def _serve(spec_data: dict[str, Any], concurrency: int, results: Any) -> int:
-    from agentboost.engines.factory import load_tokenizer, make_engine
+    from agentboost.engines.factory import make_engine
     from agentboost.envs.registry import make_environment
+    from agentboost.models.tokenizers import load_tokenizer
     from agentboost.rollout.runner import Job, in_process
     from agentboost.rollout.spec import RunSpec
 

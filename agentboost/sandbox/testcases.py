@@ -60,6 +60,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from importlib import resources
 from typing import Any
 
 from agentboost.errors import ConfigError
@@ -246,55 +247,18 @@ def _normalized_lines(text: str) -> list[str]:
 
 # --- function calls ----------------------------------------------------------------------------------
 
+
+def _harness(name: str) -> str:
+    """The source of ``agentboost/sandbox/harness/<name>.py``: programs that run in the sandbox, kept as
+    real Python files (ruff checks them) and shipped as package data."""
+    return (resources.files("agentboost.sandbox") / "harness" / f"{name}.py").read_text(encoding="utf-8")
+
+
 _RESULT_MARKER = "@@agentboost-function-result@@"
 
-_PRELUDE = """\
-from typing import *
-import bisect, collections, copy, functools, heapq, itertools, math, operator, random, re, string
-from bisect import bisect_left, bisect_right, insort
-from collections import Counter, defaultdict, deque, OrderedDict
-from functools import cache, lru_cache, reduce
-from heapq import heapify, heappop, heappush, heappushpop, nlargest, nsmallest
-from itertools import accumulate, combinations, permutations, product
-from math import ceil, floor, gcd, inf, isqrt, log, sqrt
-"""
-
-# Runs in the sandbox. Reads {"program", "func_name", "args"} from stdin, calls the function and writes
-# one marked JSON line to the real stdout; the program's own prints go to stderr.
-_FUNCTION_HARNESS = f"""\
-import json, linecache, os, sys, traceback
-_payload = json.loads(sys.stdin.read())
-sys.stdin = open(os.devnull)
-_result_fd = os.dup(1)
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-_namespace = {{"__name__": "solution", "__builtins__": __builtins__}}
-exec({_PRELUDE!r}, _namespace)
-_source = _payload["program"]
-linecache.cache["<solution>"] = (len(_source), None, _source.splitlines(True), "<solution>")
-try:
-    exec(compile(_source, "<solution>", "exec"), _namespace)
-    _name = _payload["func_name"]
-    _class = _namespace.get("Solution")
-    if isinstance(_class, type) and hasattr(_class, _name):
-        _function = getattr(_class(), _name)
-    elif callable(_namespace.get(_name)):
-        _function = _namespace[_name]
-    else:
-        raise NameError(f"the program defines neither Solution.{{_name}} nor a function {{_name}}")
-    _value = _function(*_payload["args"])
-    try:
-        _line = json.dumps({{"ok": True, "value": _value}})
-    except (TypeError, ValueError):
-        _kind = type(_value).__name__
-        _line = json.dumps({{"ok": True, "unserializable": _kind, "repr": repr(_value)[:500]}})
-except BaseException:
-    _error = traceback.format_exc()
-    sys.stderr.write(_error)
-    _line = json.dumps({{"ok": False, "error": _error}})
-sys.stderr.flush()
-os.write(_result_fd, ({_RESULT_MARKER!r} + _line + "\\n").encode())
-"""
+# Runs in the sandbox: harness/function.py, given the prelude's text and the result marker.
+_GIVEN_TO_FUNCTION = f"_PRELUDE = {_harness('prelude')!r}\n_RESULT_MARKER = {_RESULT_MARKER!r}\n"
+_FUNCTION_HARNESS = _GIVEN_TO_FUNCTION + _harness("function")
 
 _MEMORY_ERROR = re.compile(r"^MemoryError\b", re.M)
 
@@ -407,233 +371,10 @@ def _expected_value(test_output: Any, index: int) -> Any:
 
 # --- HumanEval -----------------------------------------------------------------------------------------
 
-# Values crossing between the program and the checker: JSON with one-key objects for what JSON lacks. The
-# receiver rebuilds built-in values only: whatever objects the sender had, they do not cross.
-_CODEC = r'''
-import json as _json, struct as _struct
-
-_HEADER = _struct.Struct(">I")
-_MAX_MESSAGE = 64 << 20
-
-
-class _Opaque:
-    """A value of a type that does not cross processes: equal only to itself, as a fresh object is."""
-
-    def __init__(self, kind):
-        self.kind = kind
-
-    def __repr__(self):
-        return "<" + self.kind + " object returned by the program>"
-
-
-def _encode(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value  # json writes the plain value of a subclass
-    if isinstance(value, list):
-        return [_encode(item) for item in value]
-    if isinstance(value, tuple):
-        return {"tuple": [_encode(item) for item in value]}
-    if isinstance(value, dict):
-        return {"dict": [[_encode(key), _encode(item)] for key, item in value.items()]}
-    if isinstance(value, (set, frozenset)):
-        return {"frozenset" if isinstance(value, frozenset) else "set": [_encode(item) for item in value]}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": bytes(value).hex()}
-    if isinstance(value, complex):
-        return {"complex": [value.real, value.imag]}
-    return {"opaque": type(value).__name__[:100]}
-
-
-def _decode(data):
-    kind = type(data)
-    if data is None or kind in (bool, int, float, str):
-        return data
-    if kind is list:
-        return [_decode(item) for item in data]
-    if kind is dict and len(data) == 1:
-        ((tag, body),) = data.items()
-        if tag == "opaque" and type(body) is str:
-            return _Opaque(body)
-        if tag == "bytes" and type(body) is str:
-            return bytes.fromhex(body)
-        if type(body) is list:
-            if tag == "tuple":
-                return tuple(_decode(item) for item in body)
-            if tag == "set":
-                return {_decode(item) for item in body}
-            if tag == "frozenset":
-                return frozenset(_decode(item) for item in body)
-            if tag == "dict" and all(type(pair) is list and len(pair) == 2 for pair in body):
-                return {_decode(key): _decode(item) for key, item in body}
-            if tag == "complex" and len(body) == 2 and all(type(part) in (int, float) for part in body):
-                return complex(body[0], body[1])
-    raise ValueError("malformed value")
-
-
-def _send(channel, message):
-    body = _json.dumps(message).encode()
-    channel.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _read_exactly(channel, size):
-    data = b""
-    while len(data) < size:
-        chunk = channel.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
-def _receive(channel):
-    """The next message, or None at the end of the stream."""
-    header = _read_exactly(channel, _HEADER.size)
-    if header is None:
-        return None
-    (length,) = _HEADER.unpack(header)
-    if length > _MAX_MESSAGE:
-        raise ValueError("message too long")
-    body = _read_exactly(channel, length)
-    if body is None:
-        return None
-    message = _json.loads(body)
-    if type(message) is not dict:
-        raise ValueError("malformed message")
-    return message
-'''
-
-# Runs as the program: defines the solution, then answers the checker's calls until it hangs up. The
-# program's code runs in this same process, so nothing here is trusted: it only turns calls into values.
-_CANDIDATE_HARNESS = (
-    _CODEC
-    + r"""
-import json, linecache, os, socket, sys, traceback
-_payload = json.loads(sys.stdin.read())
-sys.stdin = open(os.devnull)
-_channel = socket.socket(fileno=3)
-_source, _name = _payload["program"], _payload["entry_point"]
-del _payload
-linecache.cache["<solution>"] = (len(_source), None, _source.splitlines(True), "<solution>")
-_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-    exec(compile(_source, "<solution>", "exec"), _namespace)
-except SystemExit:
-    raise
-except BaseException as _error:
-    traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
-    sys.exit(1)
-while True:
-    _request = _receive(_channel)
-    if _request is None:
-        break
-    try:
-        _function = _namespace.get(_name)
-        if not callable(_function):
-            raise NameError(f"the program does not define a function {_name}")
-        _args = _decode(_request["args"])
-        _kwargs = {key: _decode(value) for key, value in _request["kwargs"].items()}
-        _reply = {"value": _encode(_function(*_args, **_kwargs))}
-    except BaseException as _error:
-        traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
-        try:
-            _message = str(_error)[:500]
-        except BaseException:
-            _message = ""
-        _reply = {"error": [type(_error).__name__[:100], _message]}
-    sys.stdout.flush()
-    try:
-        _send(_channel, _reply)
-    except (TypeError, ValueError) as _error:
-        _send(_channel, {"error": ["TypeError", f"the return value cannot be sent to check(): {_error}"]})
-"""
-)
-
-# Runs in the checker process (trusted): the dataset's prompt helpers and test code, with ``candidate`` a
-# proxy that calls the program over the socket. ``report`` and ``CHANNEL_FD`` come from the sandbox.
-_CHECKER_HARNESS = (
-    _CODEC
-    + r'''
-import builtins, linecache, socket
-
-
-class _CandidateGone(BaseException):
-    """The program ended, or broke the protocol, before check() finished (not catchable as Exception)."""
-
-
-_channel = socket.socket(fileno=CHANNEL_FD)
-_raised = []
-
-
-def _candidate_error(name, message):
-    kind = getattr(builtins, name, None) if type(name) is str else None
-    if not (isinstance(kind, type) and issubclass(kind, Exception)):
-        kind, message = RuntimeError, f"{name}: {message}"
-    try:
-        error = kind(str(message))
-    except Exception:
-        error = RuntimeError(f"{name}: {message}")
-    _raised.append(error)
-    return error
-
-
-def candidate(*args, **kwargs):
-    try:
-        _send(_channel, {"args": _encode(list(args)), "kwargs": {k: _encode(v) for k, v in kwargs.items()}})
-        reply = _receive(_channel)
-    except (OSError, ValueError) as error:
-        raise _CandidateGone(f"the program broke its connection to check() ({error})") from None
-    if reply is None:
-        raise _CandidateGone("the program ended before check() finished")
-    try:
-        if "value" in reply:
-            return _decode(reply["value"])
-        name, message = reply["error"]
-    except (KeyError, TypeError, ValueError):
-        raise _CandidateGone("the program sent check() a malformed answer") from None
-    raise _candidate_error(name, message)
-
-
-candidate.__name__ = candidate.__qualname__ = ENTRY_POINT
-
-
-def _assertion_site(error):
-    site = ""
-    trace = error.__traceback__
-    while trace is not None:
-        if trace.tb_frame.f_code.co_filename == "<test>":
-            site = linecache.getline("<test>", trace.tb_lineno).strip()
-        trace = trace.tb_next
-    message = str(error)
-    return site + (f" ({message})" if message else "")
-
-
-def _run():
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    if PROMPT is not None:
-        exec(compile(PROMPT, "<prompt>", "exec"), namespace)
-    namespace[ENTRY_POINT] = candidate
-    linecache.cache["<test>"] = (len(TEST), None, TEST.splitlines(True), "<test>")
-    exec(compile(TEST, "<test>", "exec"), namespace)
-    try:
-        namespace["check"](candidate)
-    except _CandidateGone as gone:
-        return {"outcome": "candidate_gone", "detail": str(gone)}
-    except BaseException as error:
-        detail = f"{type(error).__name__}: {error}"
-        if _raised and error is _raised[-1]:
-            return {"outcome": "candidate_error", "error_type": type(error).__name__, "detail": detail}
-        if isinstance(error, AssertionError):
-            return {"outcome": "assertion", "detail": _assertion_site(error)}
-        if isinstance(error, NameError) and PROMPT is None:
-            return {"outcome": "missing_name", "detail": detail}
-        return {"outcome": "check_error", "detail": detail}
-    return {"outcome": "passed"}
-
-
-report(_run())
-_channel.close()
-'''
-)
+# harness/candidate.py runs as the program, harness/checker.py in the checker process; both start with
+# harness/codec.py, the values that cross between them.
+_CANDIDATE_HARNESS = _harness("codec") + _harness("candidate")
+_CHECKER_HARNESS = _harness("codec") + _harness("checker")
 
 
 async def run_humaneval_test(
@@ -673,7 +414,7 @@ _CHECKER_OUTCOMES = {
     "candidate_gone": TestStatus.RUNTIME_ERROR,
     "missing_name": TestStatus.SANDBOX_ERROR,
 }
-"""The checker's outcomes (see _CHECKER_HARNESS) and the status each gives; anything else is a
+"""The checker's outcomes (see harness/checker.py) and the status each gives; anything else is a
 sandbox_error."""
 
 

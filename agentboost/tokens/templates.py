@@ -19,9 +19,10 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentboost.errors import ConfigError, TemplateError
+from agentboost.tokens.messages import ChatMessage
 
-Message = dict[str, Any]
-"""An OpenAI-style chat message: role, content, and for assistants tool_calls / reasoning_content."""
+Message = ChatMessage
+"""An OpenAI-style chat message (:class:`~agentboost.tokens.messages.ChatMessage`)."""
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:

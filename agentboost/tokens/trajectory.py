@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.errors import ConfigError, TrajectoryError
+from agentboost.tokens.messages import ChatMessage
 
 TRAJECTORY_FORMAT = "agentboost.trajectory"
 TRAJECTORY_VERSION = 1
@@ -136,7 +137,7 @@ class Segment:
 @dataclass
 class Trajectory:
     task_id: str
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessage]
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float | None]

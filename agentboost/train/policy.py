@@ -63,8 +63,8 @@ def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> t
     """The tokenizer and the causal LM to train (wrapped in LoRA adapters when ``lora.enabled``)."""
     from transformers import AutoModelForCausalLM
 
-    from agentboost.engines.factory import load_tokenizer
-    from agentboost.engines.models import quiet_loading, resolve_model
+    from agentboost.models.tokenizers import load_tokenizer
+    from agentboost.models.weights import quiet_loading, resolve_model
 
     tokenizer = load_tokenizer(model.name_or_path)
     quiet_loading()

@@ -199,7 +199,7 @@ def render_chat(
     up to and including the end-of-turn token, tokenized on its own (as the engine generates it). The
     messages after it are appended as a rollout appends tool results and user turns.
     """
-    from agentboost.agent.rollout import stop_token_ids
+    from agentboost.agent.episode import stop_token_ids
     from agentboost.tokens.builder import TokenBuffer
     from agentboost.tokens.templates import template_for
 

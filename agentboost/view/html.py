@@ -154,7 +154,7 @@ def _load_tokenizer(name: str | None, results: Sequence[RolloutResult]) -> Any:
         if len(models) != 1:
             return None
         name = str(models.pop())
-    from agentboost.engines.factory import load_tokenizer
+    from agentboost.models.tokenizers import load_tokenizer
 
     return load_tokenizer(name)
 

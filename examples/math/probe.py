@@ -17,10 +17,10 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
 from agentboost.envs.math_problems import extract_answer
 from agentboost.envs.registry import make_environment
+from agentboost.models.tokenizers import load_tokenizer
 
 
 def tool_calls(result) -> int:
@@ -52,7 +52,10 @@ async def main() -> None:
     sampling = SamplingParams(temperature=args.temperature)
     started = time.perf_counter()
     results = await asyncio.gather(
-        *(environment.rollout(task, engine, tokenizer, sampling=sampling, limits=limits) for task in tasks)
+        *(
+            environment.run_episode(task, engine, tokenizer, sampling=sampling, limits=limits)
+            for task in tasks
+        )
     )
     seconds = time.perf_counter() - started
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

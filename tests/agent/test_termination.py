@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from conftest import QUESTION, SYSTEM, add, multiply, run
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import Generation
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.errors import EngineError
@@ -171,10 +171,10 @@ def test_response_budget_ends_cleanly(qwen_tokenizer, say):
 
 
 class SlowEngine(ScriptedEngine):
-    async def generate(self, prompt_ids, sampling) -> Generation:
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens) -> Generation:
         if self.calls >= 2:
             await asyncio.sleep(30)
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
 
 def test_timeout_keeps_completed_turns(qwen_tokenizer, say):

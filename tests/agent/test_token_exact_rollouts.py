@@ -7,8 +7,8 @@ from conftest import QUESTION, SYSTEM, add, multiply, run
 from exactness_support import RecordingEngine, check_exactness, teacher_forced_logprobs
 from transformers import AutoModelForCausalLM
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
 from agentboost.engines.scripted import ScriptedEngine

@@ -45,9 +45,9 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def expected_ids(prompt: Sequence[int], sampling: SamplingParams) -> list[int]:
+def expected_ids(prompt: Sequence[int], sampling: SamplingParams, max_new_tokens: int) -> list[int]:
     """What :class:`GateEngine` generates for ``prompt``: a pure function of the prompt."""
-    ids = [(sum(prompt) * 7 + step * 13) % 97 + 3 for step in range(sampling.max_new_tokens)]
+    ids = [(sum(prompt) * 7 + step * 13) % 97 + 3 for step in range(max_new_tokens)]
     for position, token in enumerate(ids):
         if token in sampling.stop_token_ids:
             return ids[: position + 1]
@@ -67,7 +67,9 @@ class GateEngine:
     def context_length(self) -> int | None:
         return self._context_length
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
         self.calls += 1
         if prompt_ids and prompt_ids[0] == BLOCK:
             self.waiting += 1
@@ -75,7 +77,7 @@ class GateEngine:
                 await self.gate.wait()
             finally:
                 self.waiting -= 1
-        ids = expected_ids(prompt_ids, sampling)
+        ids = expected_ids(prompt_ids, sampling, max_new_tokens)
         finish = "stop" if ids and ids[-1] in sampling.stop_token_ids else "length"
         logprobs = [-((token % 11) + 1) / 8 for token in ids]
         return Generation(ids, logprobs, finish, len(prompt_ids))  # type: ignore[arg-type]

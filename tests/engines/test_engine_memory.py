@@ -13,16 +13,19 @@ from agentboost.engines.local import LocalEngine, _kv_bytes_per_token
 from agentboost.errors import ConfigError, EngineError
 from agentboost.memory import resident_bytes, trim_heap
 
-GREEDY = SamplingParams(temperature=0, max_new_tokens=10)
+GREEDY = SamplingParams(temperature=0)
+BUDGET = 10
 
 
 def prompts(count: int, length: int, start: int = 1000) -> list[list[int]]:
     return [list(range(start + 97 * i, start + 97 * i + length)) for i in range(count)]
 
 
-async def serve(engine: LocalEngine, requests: list[list[int]], sampling: SamplingParams = GREEDY):
+async def serve(engine: LocalEngine, requests: list[list[int]], max_new_tokens: int = BUDGET):
     try:
-        return await asyncio.gather(*(engine.generate(ids, sampling) for ids in requests))
+        return await asyncio.gather(
+            *(engine.generate(ids, GREEDY, max_new_tokens=max_new_tokens) for ids in requests)
+        )
     finally:
         await engine.aclose()
 
@@ -31,7 +34,7 @@ def test_the_budget_caps_the_batch_and_the_cache_and_changes_no_result(random_qw
     per_token = _kv_bytes_per_token(random_qwen3)
     assert per_token == 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head_dim x fp32
     requests = prompts(8, 40)
-    budget = 3 * (40 + GREEDY.max_new_tokens) * per_token  # three rows at their longest
+    budget = 3 * (40 + BUDGET) * per_token  # three rows at their longest
     bounded = LocalEngine(random_qwen3, memory_budget_bytes=budget)
     free = LocalEngine(random_qwen3)
     within = run(serve(bounded, requests))
@@ -49,7 +52,10 @@ def test_the_prefix_cache_gives_way_to_the_running_batch(random_qwen3):
     async def main():
         for wave in range(3):  # each wave fills the cache, the next needs the room back
             await asyncio.gather(
-                *(engine.generate(ids, GREEDY) for ids in prompts(4, 40, 2000 + 5000 * wave))
+                *(
+                    engine.generate(ids, GREEDY, max_new_tokens=BUDGET)
+                    for ids in prompts(4, 40, 2000 + 5000 * wave)
+                )
             )
             assert engine.kv_bytes() <= budget
             engine.prefix_cache.check_invariants()
@@ -74,7 +80,7 @@ def test_closed_engines_hold_no_kv_and_many_of_them_keep_memory_flat():
     kept, marks = [], []
     for _ in range(8):  # kept referenced, as a test suite or a trainer's evaluations keep them
         engine = LocalEngine(model)
-        run(serve(engine, requests, SamplingParams(temperature=0, max_new_tokens=2)))
+        run(serve(engine, requests, max_new_tokens=2))
         assert engine.kv_bytes() == 0
         kept.append(engine)
         gc.collect()  # the finished event loops' reference cycles

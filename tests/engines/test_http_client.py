@@ -34,7 +34,8 @@ from agentboost.errors import (
 )
 
 ENGINES = [SGLangEngine, VLLMEngine]
-SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(50,))
+SAMPLING = SamplingParams(temperature=0.0, stop_token_ids=(50,))
+BUDGET = 12
 PROMPT = [1, 2, 3, 4]
 
 
@@ -58,14 +59,14 @@ def test_retryable_fault_is_retried_and_the_request_recovers(engine_class, fault
         server = await start_server(engine, faults=FaultConfig(schedule=[fault], slow_delay_s=5.0))
         client = _make(engine_class, server.url, read_timeout_s=0.3)
         try:
-            generation = await client.generate(PROMPT, SAMPLING)
+            generation = await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
         return generation, server.stats
 
     generation, stats = run(scenario())
-    assert generation.token_ids == expected_ids(PROMPT, SAMPLING)
+    assert generation.token_ids == expected_ids(PROMPT, SAMPLING, BUDGET)
     assert generation.metrics["attempts"] == 2
     assert stats.faults[fault] == 1
     assert stats.requests[_generation_path(engine_class)] == 2
@@ -96,7 +97,7 @@ def test_persistent_fault_ends_in_a_typed_error_within_the_budget(engine_class, 
         started = time.monotonic()
         try:
             with pytest.raises(error_class) as caught:
-                await client.generate(PROMPT, SAMPLING)
+                await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             elapsed = time.monotonic() - started
             await client.aclose()
@@ -117,7 +118,7 @@ def test_max_attempts_bounds_the_number_of_requests():
         client = _make(SGLangEngine, server.url, retry=fast_retry(10.0, attempts=3))
         try:
             with pytest.raises(EngineServerError) as caught:
-                await client.generate(PROMPT, SAMPLING)
+                await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -136,7 +137,7 @@ def test_other_4xx_is_not_retried(engine_class):
         client = _make(engine_class, server.url)
         try:
             with pytest.raises(EngineRequestError) as caught:
-                await client.generate(PROMPT, SAMPLING)
+                await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -154,7 +155,7 @@ def test_unknown_vllm_model_is_a_request_error_naming_the_served_models():
         client = _make(VLLMEngine, server.url, model="other-model")
         try:
             with pytest.raises(EngineRequestError) as caught:
-                await client.generate(PROMPT, SAMPLING)
+                await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -174,7 +175,7 @@ def test_unreachable_server_is_a_connection_error_within_the_budget(engine_class
         started = time.monotonic()
         try:
             with pytest.raises(EngineConnectionError) as caught:
-                await client.generate(PROMPT, SAMPLING)
+                await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
         return caught.value, time.monotonic() - started
@@ -201,7 +202,10 @@ def test_a_run_with_random_faults_never_crashes_and_every_request_recovers():
         ]
         try:
             results = await asyncio.gather(
-                *(clients[i % 2].generate(prompt, SAMPLING) for i, prompt in enumerate(prompts)),
+                *(
+                    clients[i % 2].generate(prompt, SAMPLING, max_new_tokens=BUDGET)
+                    for i, prompt in enumerate(prompts)
+                ),
                 return_exceptions=True,
             )
         finally:
@@ -214,7 +218,7 @@ def test_a_run_with_random_faults_never_crashes_and_every_request_recovers():
     assert all(isinstance(r, Generation) for r in results), [
         r for r in results if not isinstance(r, Generation)
     ]
-    assert [r.token_ids for r in results] == [expected_ids(p, SAMPLING) for p in prompts]
+    assert [r.token_ids for r in results] == [expected_ids(p, SAMPLING, BUDGET) for p in prompts]
     assert sum(stats.faults.values()) >= 10  # the faults really happened
     assert stats.generations >= len(prompts)
 
@@ -226,13 +230,13 @@ def test_a_run_with_random_faults_never_crashes_and_every_request_recovers():
 def test_max_new_tokens_is_clamped_to_the_servers_context(engine_class, room, usable):
     """SGLang needs prompt + max_new_tokens < its context length, vLLM <= (both servers' rules)."""
     prompt = list(range(1, 11))
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=100, stop_token_ids=())
+    sampling = SamplingParams(temperature=0.0, stop_token_ids=())
 
     async def scenario():
         server = await start_server(GateEngine(), context_length=16)
         client = _make(engine_class, server.url)
         try:
-            generation = await client.generate(prompt, sampling)
+            generation = await client.generate(prompt, sampling, max_new_tokens=100)
         finally:
             await client.aclose()
             await server.close()
@@ -250,7 +254,7 @@ def test_a_full_context_raises_context_length_error_without_sending(engine_class
         client = _make(engine_class, server.url)
         try:
             with pytest.raises(ContextLengthError) as caught:
-                await client.generate(list(range(prompt_len)), SAMPLING)
+                await client.generate(list(range(prompt_len)), SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -271,7 +275,7 @@ def test_a_server_refusing_a_long_prompt_maps_to_context_length_error(engine_cla
         client = _make(engine_class, server.url, context_length=1000, **extra)
         try:
             with pytest.raises(ContextLengthError) as caught:
-                await client.generate(list(range(40)), SAMPLING)
+                await client.generate(list(range(40)), SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -299,12 +303,15 @@ def test_unbound_requests_go_to_the_least_loaded_server():
         servers = [await start_server(engine) for engine in engines]
         client = _make(SGLangEngine, [s.url for s in servers])
         try:
-            blocked = [asyncio.create_task(client.generate([BLOCK, n], SAMPLING)) for n in range(6)]
+            blocked = [
+                asyncio.create_task(client.generate([BLOCK, n], SAMPLING, max_new_tokens=BUDGET))
+                for n in range(6)
+            ]
             await _wait_for(lambda: sum(e.waiting for e in engines) == 6)
             loads = sorted(e.waiting for e in engines)
             in_flight = client.in_flight()
             # one quick request now goes to a server like any other (all equally loaded) and returns
-            quick = await client.generate(PROMPT, SAMPLING)
+            quick = await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             for engine in engines:
                 engine.gate.set()
             await asyncio.gather(*blocked)
@@ -317,7 +324,7 @@ def test_unbound_requests_go_to_the_least_loaded_server():
     loads, in_flight, quick = run(scenario())
     assert loads == [2, 2, 2]
     assert sorted(in_flight.values()) == [2, 2, 2]
-    assert quick.token_ids == expected_ids(PROMPT, SAMPLING)
+    assert quick.token_ids == expected_ids(PROMPT, SAMPLING, BUDGET)
 
 
 def test_a_bound_session_sticks_to_its_server_and_others_avoid_the_load():
@@ -328,20 +335,23 @@ def test_a_bound_session_sticks_to_its_server_and_others_avoid_the_load():
         client = _make(VLLMEngine, [s.url for s in servers])
         view = client.bind("rollout-1")
         try:
-            await view.generate(PROMPT, SAMPLING)
+            await view.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             home = view.server_url
             # three more turns of the same rollout at once: least-loaded would spread them, the
             # binding keeps them on the rollout's server
-            turns = [asyncio.create_task(view.generate([BLOCK, n], SAMPLING)) for n in range(3)]
+            turns = [
+                asyncio.create_task(view.generate([BLOCK, n], SAMPLING, max_new_tokens=BUDGET))
+                for n in range(3)
+            ]
             await _wait_for(lambda: by_url[home].waiting == 3)
             other_url = next(url for url in by_url if url != home)
             waiting_elsewhere = by_url[other_url].waiting
             # an unbound request goes to the idle server
-            unbound = await client.generate([5, 6], SAMPLING)
+            unbound = await client.generate([5, 6], SAMPLING, max_new_tokens=BUDGET)
             calls_elsewhere = by_url[other_url].calls
             by_url[home].gate.set()
             await asyncio.gather(*turns)
-            await view.generate([*PROMPT, 7], SAMPLING)
+            await view.generate([*PROMPT, 7], SAMPLING, max_new_tokens=BUDGET)
             still_home = view.server_url
             await view.aclose()
             released = client.server_for("rollout-1")
@@ -354,7 +364,7 @@ def test_a_bound_session_sticks_to_its_server_and_others_avoid_the_load():
     home, waiting_elsewhere, calls_elsewhere, unbound, still_home, released, home_calls = run(scenario())
     assert home is not None and still_home == home
     assert waiting_elsewhere == 0
-    assert calls_elsewhere == 1 and unbound.token_ids == expected_ids([5, 6], SAMPLING)
+    assert calls_elsewhere == 1 and unbound.token_ids == expected_ids([5, 6], SAMPLING, BUDGET)
     assert home_calls == 5  # first turn, three concurrent turns, last turn
     assert released is None
 
@@ -366,8 +376,8 @@ def test_sessions_bound_to_an_unreachable_server_move_to_a_live_one():
         client = _make(SGLangEngine, urls)
         views = [client.bind(f"rollout-{n}") for n in range(4)]
         try:
-            generations = [await view.generate(PROMPT, SAMPLING) for view in views]
-            after = await client.generate(PROMPT, SAMPLING)
+            generations = [await view.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET) for view in views]
+            after = await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -375,7 +385,7 @@ def test_sessions_bound_to_an_unreachable_server_move_to_a_live_one():
 
     bound, generations, after, live = run(scenario())
     assert bound == [live] * 4
-    assert all(g.token_ids == expected_ids(PROMPT, SAMPLING) for g in generations)
+    assert all(g.token_ids == expected_ids(PROMPT, SAMPLING, BUDGET) for g in generations)
     assert after.metrics["attempts"] == 1  # the dead server is avoided while it stays down
 
 
@@ -390,16 +400,21 @@ def test_grpo_siblings_of_one_task_are_bound_separately_and_never_unbind_each_ot
         first, second = RolloutKey("task-7", 0), RolloutKey("task-7", 1)
         try:
             view_a, view_b = client.bind(first), client.bind(second)
-            await view_a.generate(PROMPT, SAMPLING)
-            await view_b.generate(PROMPT, SAMPLING)
+            await view_a.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
+            await view_b.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             homes = (view_a.server_url, view_b.server_url)
             client.unbind(first)  # sibling 0 finished first
             # sibling 1's server is now the busier one: an unbound caller blocks two requests there
             home = by_url[homes[1]]
-            blocked = [asyncio.create_task(view_b.generate([BLOCK, n], SAMPLING)) for n in range(2)]
+            blocked = [
+                asyncio.create_task(view_b.generate([BLOCK, n], SAMPLING, max_new_tokens=BUDGET))
+                for n in range(2)
+            ]
             await _wait_for(lambda: home.waiting == 2)
             calls_before = home.calls
-            await view_b.generate([*PROMPT, 9], SAMPLING)  # least-loaded would pick the idle server
+            await view_b.generate(
+                [*PROMPT, 9], SAMPLING, max_new_tokens=BUDGET
+            )  # least-loaded would pick the idle server
             stayed = home.calls == calls_before + 1
             home.gate.set()
             await asyncio.gather(*blocked)
@@ -424,10 +439,10 @@ def test_views_of_one_rollout_key_are_counted():
         key = RolloutKey("task", 3)
         try:
             one, two = client.bind(key), client.bind(key)
-            await one.generate(PROMPT, SAMPLING)
+            await one.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             await one.aclose()
             still = client.server_for(key)  # the other view holds the binding
-            await two.generate(PROMPT, SAMPLING)
+            await two.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             await two.aclose()
             return still, client.server_for(key), server.url
         finally:
@@ -446,7 +461,7 @@ def test_one_backend_engines_bind_to_themselves():
     assert engine.bind(key) is engine
     with bound(engine, key) as view:
         assert view is engine
-        generation = run(view.generate([5], SamplingParams(max_new_tokens=4, stop_token_ids=(2,))))
+        generation = run(view.generate([5], SamplingParams(stop_token_ids=(2,)), max_new_tokens=4))
     assert generation.token_ids == [1, 2]
 
 
@@ -460,7 +475,7 @@ def test_cancelling_the_caller_cancels_the_request_on_the_server(engine_class):
         server = await start_server(engine)
         client = _make(engine_class, server.url)
         try:
-            task = asyncio.create_task(client.generate([BLOCK, 1], SAMPLING))
+            task = asyncio.create_task(client.generate([BLOCK, 1], SAMPLING, max_new_tokens=BUDGET))
             await _wait_for(lambda: engine.waiting == 1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -483,7 +498,7 @@ def test_sequential_requests_reuse_one_pooled_connection():
         client = _make(SGLangEngine, server.url)
         try:
             for n in range(5):
-                await client.generate([n + 1], SAMPLING)
+                await client.generate([n + 1], SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
@@ -500,14 +515,14 @@ def test_one_engine_works_across_event_loops_with_a_pool_each():
 
         async def use_then_close() -> Generation:
             try:
-                return await client.generate(PROMPT, SAMPLING)
+                return await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             finally:
                 await client.aclose()
 
         first = asyncio.run(use_then_close())
         second = asyncio.run(use_then_close())  # a new loop gets a new pool
         clients = len(server.stats.clients)
-    assert first.token_ids == second.token_ids == expected_ids(PROMPT, SAMPLING)
+    assert first.token_ids == second.token_ids == expected_ids(PROMPT, SAMPLING, BUDGET)
     assert clients == 2  # one connection per loop
 
 
@@ -516,11 +531,11 @@ def test_aclose_releases_connections_and_is_idempotent():
         server = await start_server(GateEngine())
         client = _make(VLLMEngine, server.url)
         try:
-            await client.generate(PROMPT, SAMPLING)
-            await client.generate(PROMPT, SAMPLING)
+            await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
+            await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             await client.aclose()
             await client.aclose()
-            await client.generate(PROMPT, SAMPLING)  # a new pool, a new connection
+            await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)  # a new pool, a new connection
         finally:
             await client.aclose()
             await server.close()
@@ -537,17 +552,17 @@ def test_a_closed_view_refuses_work_but_the_engine_stays_open():
         client = _make(SGLangEngine, server.url)
         view = client.bind("rollout")
         try:
-            await view.generate(PROMPT, SAMPLING)
+            await view.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
             await view.aclose()
             await view.aclose()
             with pytest.raises(EngineError, match="closed"):
-                await view.generate(PROMPT, SAMPLING)
-            return await client.generate(PROMPT, SAMPLING)
+                await view.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
+            return await client.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await client.aclose()
             await server.close()
 
-    assert run(scenario()).token_ids == expected_ids(PROMPT, SAMPLING)
+    assert run(scenario()).token_ids == expected_ids(PROMPT, SAMPLING, BUDGET)
 
 
 # --- small pieces ----------------------------------------------------------------------------

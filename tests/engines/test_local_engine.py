@@ -9,8 +9,8 @@ import torch
 from conftest import SYSTEM, add, multiply, run
 from transformers import AutoModelForCausalLM
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
 from agentboost.errors import ConfigError, ContextLengthError
@@ -59,15 +59,15 @@ def test_sampling_is_reproducible_per_seed_and_top_k_1_is_greedy(random_qwen3):
     prompt = list(range(500, 540))
 
     async def main():
-        greedy = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=12))
+        greedy = await engine.generate(prompt, SamplingParams(temperature=0), max_new_tokens=12)
         top1 = await engine.generate(
-            prompt, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=12, seed=1)
+            prompt, SamplingParams(temperature=1.3, top_k=1, seed=1), max_new_tokens=12
         )
         seeded = [
-            await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
+            await engine.generate(prompt, SamplingParams(temperature=1.0, seed=5), max_new_tokens=12)
             for _ in range(2)
         ]
-        other = await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=6))
+        other = await engine.generate(prompt, SamplingParams(temperature=1.0, seed=6), max_new_tokens=12)
         await engine.aclose()
         return greedy, top1, seeded, other
 
@@ -82,22 +82,22 @@ def test_stop_ids_context_and_cancellation(random_qwen3):
     prompt = list(range(1000, 1040))
 
     async def main():
-        first = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=5))
+        first = await engine.generate(prompt, SamplingParams(temperature=0), max_new_tokens=5)
         stop = first.token_ids[2]
         stopped = await engine.generate(
-            prompt, SamplingParams(temperature=0, max_new_tokens=5, stop_token_ids=(stop,))
+            prompt, SamplingParams(temperature=0, stop_token_ids=(stop,)), max_new_tokens=5
         )
-        capped = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=100))
+        capped = await engine.generate(prompt, SamplingParams(temperature=0), max_new_tokens=100)
         with pytest.raises(ContextLengthError):
-            await engine.generate(list(range(64)), SamplingParams())
+            await engine.generate(list(range(64)), SamplingParams(), max_new_tokens=5)
         slow = asyncio.ensure_future(
-            engine.generate(prompt[:10], SamplingParams(temperature=0, max_new_tokens=50))
+            engine.generate(prompt[:10], SamplingParams(temperature=0), max_new_tokens=50)
         )
         await asyncio.sleep(0.05)
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
-        after = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=5))
+        after = await engine.generate(prompt, SamplingParams(temperature=0), max_new_tokens=5)
         await engine.aclose()
         return first, stopped, capped, after, stop
 
@@ -110,7 +110,12 @@ def test_stop_ids_context_and_cancellation(random_qwen3):
     assert after.token_ids == first.token_ids  # a cancelled request leaves the engine healthy
 
 
-def test_sampling_params_are_validated():
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_new_tokens": 0}):
+def test_sampling_params_and_the_token_budget_are_validated(random_qwen3):
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}):
         with pytest.raises(ConfigError):
             SamplingParams(**bad)
+    engine = LocalEngine(random_qwen3)
+    for budget in (0, -3, True, 2.5):
+        with pytest.raises(ConfigError, match="max_new_tokens"):
+            run(engine.generate([1, 2, 3], SamplingParams(temperature=0), max_new_tokens=budget))
+    engine.close()

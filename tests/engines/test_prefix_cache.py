@@ -18,7 +18,8 @@ from agentboost.engines.local import LocalEngine
 from agentboost.engines.prefix_cache import PrefixCache
 from agentboost.errors import EngineError
 
-GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
+GREEDY = SamplingParams(temperature=0)
+BUDGET = 8
 TOLERANCE = 1e-5
 
 
@@ -38,7 +39,9 @@ def both(model, **options) -> tuple[LocalEngine, LocalEngine]:
     return LocalEngine(model, **options), LocalEngine(model, prefix_cache_bytes=0, **options)
 
 
-def conversation(engine: LocalEngine, start: list[int], sampling: SamplingParams, turns: int):
+def conversation(
+    engine: LocalEngine, start: list[int], sampling: SamplingParams, turns: int, max_new_tokens: int = BUDGET
+):
     """An agent's turns: each prompt is the last prompt, what the model said, and a scripted tool result."""
 
     async def main() -> list[tuple[list[int], Generation]]:
@@ -47,7 +50,7 @@ def conversation(engine: LocalEngine, start: list[int], sampling: SamplingParams
             turn_sampling = (
                 sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + turn)
             )
-            generation = await engine.generate(prompt, turn_sampling)
+            generation = await engine.generate(prompt, turn_sampling, max_new_tokens=max_new_tokens)
             served.append((prompt, generation))
             prompt = prompt + generation.token_ids + [9000 + turn, 9100, 9200 + turn, 9300]
         return served
@@ -57,7 +60,7 @@ def conversation(engine: LocalEngine, start: list[int], sampling: SamplingParams
 
 @pytest.mark.parametrize(
     "sampling",
-    [GREEDY, SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8, seed=11)],
+    [GREEDY, SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=11)],
     ids=["greedy", "sampled"],
 )
 def test_each_turn_prefills_only_what_was_appended_and_changes_nothing(model, sampling):
@@ -83,13 +86,13 @@ def test_each_turn_prefills_only_what_was_appended_and_changes_nothing(model, sa
 def test_a_grpo_group_and_a_shared_system_prompt_are_prefilled_once(model):
     system = list(range(2000, 2080))  # shared by every task
     tasks = [system + list(range(3000 + 40 * task, 3020 + 40 * task)) for task in range(4)]
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    sampling = SamplingParams(temperature=1.0)
 
     def collect(engine: LocalEngine) -> list[Generation]:
         async def main():
             return await asyncio.gather(
                 *(
-                    engine.generate(tasks[task], replace(sampling, seed=8 * task + i))
+                    engine.generate(tasks[task], replace(sampling, seed=8 * task + i), max_new_tokens=6)
                     for task in range(4)
                     for i in range(8)
                 )
@@ -125,7 +128,7 @@ def test_sequences_joining_leaving_and_cancelled_mid_flight_change_nothing(model
         async def one(index: int) -> Generation | None:
             await asyncio.sleep(0.01 * (index % 4))  # arrive while others decode
             request = asyncio.ensure_future(
-                engine.generate(prompts[index], SamplingParams(temperature=0, max_new_tokens=budgets[index]))
+                engine.generate(prompts[index], SamplingParams(temperature=0), max_new_tokens=budgets[index])
             )
             if index % 5 == 2:  # a rollout that gives up
                 await asyncio.sleep(0.02)
@@ -161,11 +164,15 @@ def test_a_prompt_diverging_one_token_before_a_cached_prefix_ends(model):
     held = list(range(5000, 5040))
 
     async def main(engine: LocalEngine):
-        first = await engine.generate(held, GREEDY)
+        first = await engine.generate(held, GREEDY, max_new_tokens=BUDGET)
         read = held + first.token_ids[:-1]  # what the cache holds now
         diverged = [*read[:-1], 7777, 7778, 7779]  # differs at the held run's last token
         short = read[:20]  # a prompt that is itself a strict prefix of a held run
-        return [first, await engine.generate(diverged, GREEDY), await engine.generate(short, GREEDY)], read
+        return [
+            first,
+            await engine.generate(diverged, GREEDY, max_new_tokens=BUDGET),
+            await engine.generate(short, GREEDY, max_new_tokens=BUDGET),
+        ], read
 
     (first, diverged, short), read = run(main(cached))
     (first_u, diverged_u, short_u), _ = run(main(uncached))
@@ -187,7 +194,7 @@ def test_eviction_under_a_tiny_budget_keeps_results_and_the_budget(model):
     async def main(engine: LocalEngine):  # each sequence holds 67 tokens: two fit at a time
         out = []
         for prompt in [*prompts, *prompts, prompts[-1]]:
-            out.append(await engine.generate(prompt, GREEDY))
+            out.append(await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET))
             engine.prefix_cache.check_invariants()
         return out
 
@@ -213,7 +220,7 @@ def test_a_thousand_requests_never_grow_the_cache_past_its_budget(model):
             first = [7000 + 7 * (25 * round_ + i) for i in range(25)]
             prompts = [[100] * 8 + list(range(start, start + 6)) for start in first]
             await asyncio.gather(
-                *(engine.generate(p, SamplingParams(temperature=0, max_new_tokens=2)) for p in prompts)
+                *(engine.generate(p, SamplingParams(temperature=0), max_new_tokens=2) for p in prompts)
             )
             peak = max(peak, engine.prefix_cache_stats().bytes)
             engine.prefix_cache.check_invariants()
@@ -240,20 +247,20 @@ def test_a_weight_update_invalidates_every_cached_prefix():
         model.eval()
 
     async def main():
-        before = await engine.generate(prompt, GREEDY)
-        warm = await engine.generate(prompt, GREEDY)
+        before = await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET)
+        warm = await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET)
         step()  # the engine is not told: the parameters' version counters give it away
-        after_step = await engine.generate(prompt, GREEDY)
+        after_step = await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET)
         with torch.no_grad():  # a write the version counters cannot see, announced explicitly
             for parameter in model.parameters():
                 parameter.data.mul_(1.01)
         engine.weights_updated()
-        after_write = await engine.generate(prompt, GREEDY)
+        after_write = await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET)
         return before, warm, after_step, after_write
 
     before, warm, after_step, after_write = run(main())
     assert before.metrics["prompt_cached_tokens"] == 0 and warm.metrics["prompt_cached_tokens"] == 49
-    fresh = run(LocalEngine(model, prefix_cache_bytes=0).generate(prompt, GREEDY))
+    fresh = run(LocalEngine(model, prefix_cache_bytes=0).generate(prompt, GREEDY, max_new_tokens=BUDGET))
     for stale_candidate in (after_step, after_write):
         assert stale_candidate.metrics["prompt_cached_tokens"] == 0
     assert_same(after_write, fresh)  # computed from the current weights only
@@ -268,13 +275,13 @@ def test_kv_from_a_generation_that_spanned_a_weight_update_is_never_held():
 
     async def main():
         running = asyncio.ensure_future(
-            engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=400))
+            engine.generate(prompt, SamplingParams(temperature=0), max_new_tokens=400)
         )
         while engine.steps < 2:
             await asyncio.sleep(0.001)
         engine.weights_updated()  # mid-generation: what it read so far belongs to the old weights
         await running
-        return await engine.generate(prompt, GREEDY)
+        return await engine.generate(prompt, GREEDY, max_new_tokens=BUDGET)
 
     again = run(main())
     assert again.metrics["prompt_cached_tokens"] == 0
@@ -299,13 +306,15 @@ def test_a_crash_in_prefill_fails_every_admitted_request_and_closes_the_engine(m
 
     async def main():
         running = asyncio.ensure_future(
-            engine.generate(list(range(100, 120)), SamplingParams(temperature=0, max_new_tokens=500))
+            engine.generate(list(range(100, 120)), SamplingParams(temperature=0), max_new_tokens=500)
         )
         while engine.steps < 1:
             await asyncio.sleep(0.001)
         together = [
-            engine.generate([42, 43, 44], GREEDY),  # crashes the prefill it is admitted in
-            engine.generate(list(range(200, 210)), GREEDY),
+            engine.generate(
+                [42, 43, 44], GREEDY, max_new_tokens=BUDGET
+            ),  # crashes the prefill it is admitted in
+            engine.generate(list(range(200, 210)), GREEDY, max_new_tokens=BUDGET),
         ]
         outcomes = await asyncio.wait_for(
             asyncio.gather(running, *together, return_exceptions=True), timeout=60
@@ -313,7 +322,7 @@ def test_a_crash_in_prefill_fails_every_admitted_request_and_closes_the_engine(m
         with pytest.raises(
             EngineError, match="crashed"
         ):  # refused at once, never queued behind a dead thread
-            await asyncio.wait_for(engine.generate([1, 2, 3], GREEDY), timeout=30)
+            await asyncio.wait_for(engine.generate([1, 2, 3], GREEDY, max_new_tokens=BUDGET), timeout=30)
         return outcomes
 
     outcomes = run(main())
@@ -326,7 +335,7 @@ def test_an_unseeded_request_leaves_the_global_rng_alone(model):
     engine = LocalEngine(model)
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    run(engine.generate(list(range(300, 320)), SamplingParams(temperature=1.0, max_new_tokens=4)))
+    run(engine.generate(list(range(300, 320)), SamplingParams(temperature=1.0), max_new_tokens=4))
     assert torch.equal(torch.get_rng_state(), state)
     engine.close()
 
@@ -356,8 +365,8 @@ REAL_MODEL_TOLERANCE = 1e-4
 
 @pytest.mark.slow
 def test_the_real_default_model_gives_the_same_results_with_the_cache():
-    from agentboost.engines.factory import load_tokenizer
-    from agentboost.engines.models import pull_default_model
+    from agentboost.models.tokenizers import load_tokenizer
+    from agentboost.models.weights import pull_default_model
 
     path = pull_default_model(quiet=True)
     tokenizer = load_tokenizer(str(path))
@@ -373,20 +382,20 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
         tokenize=True,
         return_dict=True,
     )["input_ids"]
-    greedy = SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=(end,))
+    greedy = SamplingParams(temperature=0, stop_token_ids=(end,))
     for a, b in zip(
-        conversation(cached, start, greedy, turns=3),
-        conversation(uncached, start, greedy, turns=3),
+        conversation(cached, start, greedy, turns=3, max_new_tokens=12),
+        conversation(uncached, start, greedy, turns=3, max_new_tokens=12),
         strict=True,
     ):
         assert_same(a[1], b[1], REAL_MODEL_TOLERANCE)
 
     def group(engine: LocalEngine) -> list[Generation]:
-        sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8)
+        sampling = SamplingParams(temperature=1.0, top_p=0.95)
 
         async def main():
             return await asyncio.gather(
-                *(engine.generate(start, replace(sampling, seed=i)) for i in range(8))
+                *(engine.generate(start, replace(sampling, seed=i), max_new_tokens=BUDGET) for i in range(8))
             )
 
         return run(main())
@@ -401,8 +410,8 @@ def test_the_real_default_model_gives_the_same_results_with_the_cache():
 def test_a_rollout_reports_its_cached_and_computed_prompt_tokens(model, qwen_tokenizer):
     from conftest import add
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
 
     engine = LocalEngine(model)
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -413,10 +422,10 @@ def test_a_rollout_reports_its_cached_and_computed_prompt_tokens(model, qwen_tok
         original = engine.generate
         calls = 0
 
-        async def generate(prompt_ids, sampling):
+        async def generate(prompt_ids, sampling, *, max_new_tokens):
             nonlocal calls
             calls += 1
-            generation = await original(prompt_ids, sampling)
+            generation = await original(prompt_ids, sampling, max_new_tokens=max_new_tokens)
             if calls == 1:
                 ids = [*forced, qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")]
                 return Generation(

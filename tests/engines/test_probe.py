@@ -126,7 +126,7 @@ def _probe(kind: str, mode: str, sampling: SamplingParams | None = None) -> tupl
         server = await FakeServer(kind, mode).start()
         engine = (VLLMEngine if kind == "vllm" else SGLangEngine)(server.url)
         try:
-            await engine.generate([1, 2, 3], sampling or SamplingParams(temperature=0.7, max_new_tokens=1))
+            await engine.generate([1, 2, 3], sampling or SamplingParams(temperature=0.7), max_new_tokens=1)
             return engine.server_facts[server.url], None
         except LogprobsModeError as error:
             return None, error
@@ -165,7 +165,7 @@ def test_a_vllm_server_reporting_logits_is_refused():
 
 @pytest.mark.parametrize(
     "sampling",
-    [SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=1), SamplingParams(temperature=1.0, top_k=5)],
+    [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.0, top_k=5)],
     ids=["top-p", "top-k"],
 )
 def test_truncated_sampling_is_refused_on_vllm_which_reports_logprobs_after_the_cut(sampling):
@@ -179,7 +179,7 @@ def test_greedy_decoding_with_top_p_set_is_allowed_on_vllm():
 
 
 def test_an_sglang_server_with_its_default_logprobs_passes_even_with_top_p():
-    facts, error = _probe("sglang", "sglang", SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=1))
+    facts, error = _probe("sglang", "sglang", SamplingParams(temperature=0.7, top_p=0.9))
     assert error is None
     assert facts == {
         "server": "SGLang",

@@ -43,15 +43,16 @@ _TYPES: dict[str, Any] = {
 }
 
 
-def _sampling(spec: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(
+def _request(spec: dict[str, Any]) -> tuple[SamplingParams, int]:
+    """A fixture case's sampling and its token budget (``Engine.generate``'s ``max_new_tokens``)."""
+    sampling = SamplingParams(
         temperature=spec["temperature"],
         top_p=spec["top_p"],
         top_k=spec["top_k"],
-        max_new_tokens=spec["max_new_tokens"],
         stop_token_ids=tuple(spec["stop_token_ids"]),
         seed=spec["seed"],
     )
+    return sampling, spec["max_new_tokens"]
 
 
 def _assert_documented(body: dict[str, Any], documented: dict[str, str], where: str) -> None:
@@ -85,7 +86,8 @@ def test_sglang_request_body_matches_the_documented_format(case):
         ).start()
         client = SGLangEngine(stub.url, retry=fast_retry(), check_logprobs=False)
         try:
-            await client.generate(case["prompt_ids"], _sampling(case["sampling"]))
+            sampling, budget = _request(case["sampling"])
+            await client.generate(case["prompt_ids"], sampling, max_new_tokens=budget)
         finally:
             await client.aclose()
             await stub.close()
@@ -123,7 +125,8 @@ def test_vllm_request_body_matches_the_documented_format(case):
             stub.url, retry=fast_retry(), check_logprobs=False
         )  # learns the model name from /v1/models
         try:
-            await client.generate(case["prompt_ids"], _sampling(case["sampling"]))
+            sampling, budget = _request(case["sampling"])
+            await client.generate(case["prompt_ids"], sampling, max_new_tokens=budget)
         finally:
             await client.aclose()
             await stub.close()
@@ -138,9 +141,7 @@ def test_vllm_request_body_matches_the_documented_format(case):
 
 
 def _answer_case(engine_class, path: str, case: dict[str, Any]):
-    sampling = SamplingParams(
-        temperature=0.0, max_new_tokens=case["max_new_tokens"], stop_token_ids=tuple(case["stop_token_ids"])
-    )
+    sampling = SamplingParams(temperature=0.0, stop_token_ids=tuple(case["stop_token_ids"]))
 
     async def scenario():
         stub = await StubServer({path: [(200, case["response"])]}).start()
@@ -152,7 +153,7 @@ def _answer_case(engine_class, path: str, case: dict[str, Any]):
             **_model_for(engine_class),
         )
         try:
-            return await client.generate(case["prompt_ids"], sampling)
+            return await client.generate(case["prompt_ids"], sampling, max_new_tokens=case["max_new_tokens"])
         finally:
             await client.aclose()
             await stub.close()
@@ -230,9 +231,11 @@ def test_an_sglang_abort_is_retried():
     async def scenario():
         stub = await StubServer({"/generate": answers}).start()
         client = SGLangEngine(stub.url, retry=fast_retry(), check_logprobs=False, context_length=100)
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=3, stop_token_ids=(2,))
+        sampling = SamplingParams(temperature=0.0, stop_token_ids=(2,))
         try:
-            return await client.generate(case["prompt_ids"], sampling), len(stub.bodies["/generate"])
+            return await client.generate(case["prompt_ids"], sampling, max_new_tokens=3), len(
+                stub.bodies["/generate"]
+            )
         finally:
             await client.aclose()
             await stub.close()
@@ -246,7 +249,7 @@ def test_an_sglang_abort_is_retried():
 def test_a_stop_on_an_id_that_was_not_requested_is_a_format_error_and_not_retried(engine_class):
     path = engine_class.generate_path
     case = (SGLANG_ANSWERS if engine_class is SGLangEngine else VLLM_ANSWERS)["cases"][0]
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=(151643,))  # not 151645
+    sampling = SamplingParams(temperature=0.0, stop_token_ids=(151643,))  # not 151645
 
     async def scenario():
         stub = await StubServer({path: [(200, case["response"])]}).start()
@@ -259,7 +262,7 @@ def test_a_stop_on_an_id_that_was_not_requested_is_a_format_error_and_not_retrie
         )
         try:
             with pytest.raises(EngineResponseError) as caught:
-                await client.generate(case["prompt_ids"], sampling)
+                await client.generate(case["prompt_ids"], sampling, max_new_tokens=64)
         finally:
             await client.aclose()
             await stub.close()
@@ -286,10 +289,10 @@ def test_vllm_token_ids_that_disagree_with_the_token_strings_are_a_format_error(
             context_length=100_000,
             model="Qwen/Qwen3-0.6B",
         )
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=(151645,))
+        sampling = SamplingParams(temperature=0.0, stop_token_ids=(151645,))
         try:
             with pytest.raises(EngineResponseError, match="differ"):
-                await client.generate(case["prompt_ids"], sampling)
+                await client.generate(case["prompt_ids"], sampling, max_new_tokens=64)
         finally:
             await client.aclose()
             await stub.close()
@@ -302,15 +305,15 @@ def test_vllm_token_ids_that_disagree_with_the_token_strings_are_a_format_error(
 
 def test_served_answers_equal_the_engines_own_answer():
     prompts = [[1, 2, 3], [7] * 20, [4, 4]]
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=16, stop_token_ids=(50, 60))
+    sampling = SamplingParams(temperature=0.0, stop_token_ids=(50, 60))
 
     async def scenario():
         engine = GateEngine()
         server = await start_server(engine)
         clients = [SGLangEngine(server.url, retry=fast_retry()), VLLMEngine(server.url, retry=fast_retry())]
         try:
-            local = [await engine.generate(p, sampling) for p in prompts]
-            remote = [[await c.generate(p, sampling) for p in prompts] for c in clients]
+            local = [await engine.generate(p, sampling, max_new_tokens=16) for p in prompts]
+            remote = [[await c.generate(p, sampling, max_new_tokens=16) for p in prompts] for c in clients]
         finally:
             for client in clients:
                 await client.aclose()
@@ -481,10 +484,10 @@ def test_greedy_generations_are_identical_in_process_and_through_both_clients(ti
     prompts = [[1, 2, 3, 4, 5], [17, 230, 999], [42] * 30, [7, 7, 8]]
 
     async def work(engine):
-        probe = await engine.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))
+        probe = await engine.generate(prompts[0], SamplingParams(temperature=0.0), max_new_tokens=8)
         stop = probe.token_ids[3]  # a stop id this model does reach, so 'stop' is exercised too
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=(stop,))
-        return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+        sampling = SamplingParams(temperature=0.0, stop_token_ids=(stop,))
+        return await asyncio.gather(*(engine.generate(p, sampling, max_new_tokens=24) for p in prompts))
 
     local, via_sglang, via_vllm = run(
         _three_ways(lambda: LocalEngine.from_pretrained(tiny_llama_dir), work), timeout=120
@@ -500,8 +503,8 @@ def test_greedy_generations_are_identical_in_process_and_through_both_clients(ti
 def _rollout(tokenizer, **limits: int):
     from conftest import QUESTION, SYSTEM, add, multiply
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
 
     async def work(engine):
         return await run_agent(
@@ -562,8 +565,8 @@ def test_grpo_siblings_of_one_task_each_keep_their_own_server_through_whole_roll
     the siblings are spread over both, and the first to finish does not unbind the other."""
     from conftest import QUESTION, SYSTEM, add
 
+    from agentboost.agent.episode import run_agent
     from agentboost.agent.limits import RolloutLimits
-    from agentboost.agent.rollout import run_agent
     from agentboost.engines.scripted import ScriptedEngine
 
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -574,10 +577,10 @@ def test_grpo_siblings_of_one_task_each_keep_their_own_server_through_whole_roll
     class SiblingEngine(ScriptedEngine):
         """Sample 0 answers at once; sample 1 calls a tool three times first (its seed says which)."""
 
-        async def generate(self, prompt_ids, sampling):
+        async def generate(self, prompt_ids, sampling, *, max_new_tokens):
             sample, turn = divmod(sampling.seed, 1000)
             self._script = lambda _p, _i: say("Answer: 3" if sample == 0 or turn >= 3 else call)
-            return await super().generate(prompt_ids, sampling)
+            return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
     async def scenario():
         engines = [SiblingEngine(script, context_length=4096) for _ in range(2)]

@@ -22,7 +22,8 @@ from agentboost.engines.transport import RetryPolicy
 from agentboost.errors import EngineConnectionError
 
 PROMPT = [5, 6, 7]
-SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=4)
+SAMPLING = SamplingParams(temperature=0.0)
+BUDGET = 4
 
 
 def test_when_every_server_is_down_all_requests_end_within_one_shared_budget_with_one_message(caplog):
@@ -35,12 +36,12 @@ def test_when_every_server_is_down_all_requests_end_within_one_shared_budget_wit
         started = time.monotonic()
         try:
             first = await asyncio.gather(
-                *(v.generate(PROMPT, SAMPLING) for v in views), return_exceptions=True
+                *(v.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET) for v in views), return_exceptions=True
             )
             first_s = time.monotonic() - started
             started = time.monotonic()
             later = await asyncio.gather(
-                *(v.generate(PROMPT, SAMPLING) for v in views), return_exceptions=True
+                *(v.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET) for v in views), return_exceptions=True
             )
             later_s = time.monotonic() - started
         finally:
@@ -75,14 +76,14 @@ def test_a_server_restarted_within_the_budget_is_ridden_out():
 
         restart = asyncio.create_task(restart_later())
         try:
-            generation = await engine.generate(PROMPT, SAMPLING)
+            generation = await engine.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET)
         finally:
             await engine.aclose()
             await (await restart).close()
         return generation
 
     generation = run(scenario())
-    assert generation.token_ids == expected_ids(PROMPT, SAMPLING)
+    assert generation.token_ids == expected_ids(PROMPT, SAMPLING, BUDGET)
     assert generation.metrics["attempts"] > 2
 
 
@@ -106,7 +107,7 @@ def test_a_server_that_stops_listening_but_holds_requests_open_does_not_stall_th
             down_budget_s=1.0,
         )
         engine._client.liveness_interval_s = liveness_s
-        request = asyncio.create_task(engine.generate(PROMPT, SAMPLING))
+        request = asyncio.create_task(engine.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET))
         while not held:
             await asyncio.sleep(0.01)
         listener.close()  # the listener goes; the accepted connection stays open, unanswered

@@ -46,7 +46,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from agentboost.engines.models import pull_default_model
+    from agentboost.models.weights import pull_default_model
 
     return str(pull_default_model(quiet=True))
 
@@ -75,7 +75,7 @@ def teacher(model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentboost.engines.factory import load_tokenizer
+    from agentboost.models.tokenizers import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     return model, load_tokenizer(model_dir)
@@ -92,8 +92,10 @@ class Recording:
     def context_length(self) -> int | None:
         return self.engine.context_length
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        generation = await self.engine.generate(prompt_ids, sampling)
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        generation = await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
         self.answers.setdefault(tuple(prompt_ids), []).append(generation)
         return generation
 
@@ -111,7 +113,7 @@ def rollouts_on(
         engine = Recording(VLLMEngine(url))
         try:
             rollouts = (
-                environment.rollout(task, engine, tokenizer, sampling=sampling, limits=limits, sample=sample)
+                environment.run_episode(task, engine, tokenizer, sampling=sampling, limits=limits, sample=sample)
                 for task, sampling, sample in jobs
             )
             return engine.answers, await asyncio.gather(*rollouts)
@@ -294,7 +296,7 @@ def test_a_seeded_concurrent_batch_of_long_prompts_does_not_kill_the_server(serv
         try:
             return await asyncio.gather(
                 *(
-                    engine.generate(prompt, SamplingParams(temperature=0.7, max_new_tokens=8, seed=seed))
+                    engine.generate(prompt, SamplingParams(temperature=0.7, seed=seed), max_new_tokens=8)
                     for seed, prompt in enumerate(prompts)
                 )
             )
@@ -308,10 +310,12 @@ def test_a_seeded_concurrent_batch_of_long_prompts_does_not_kill_the_server(serv
 
 
 def _server_logprobs(url: str, prompt: list[int], sampling: SamplingParams) -> Generation:
+    """16 tokens of ``prompt``'s continuation with their log-probabilities, as the server reports them."""
+
     async def scenario():
         engine = VLLMEngine(url)
         try:
-            return await engine.generate(prompt, sampling)
+            return await engine.generate(prompt, sampling, max_new_tokens=16)
         finally:
             await engine.aclose()
 
@@ -328,7 +332,7 @@ def test_after_a_weight_push_the_server_serves_the_trainers_weights_full_and_lor
 
     base, tokenizer = teacher
     prompt = tokenizer.encode("<|im_start|>user\nWhat is 12 times 7?<|im_end|>\n<|im_start|>assistant\n")
-    sampling = SamplingParams(temperature=0.7, max_new_tokens=16, seed=3)
+    sampling = SamplingParams(temperature=0.7, seed=3)
     sync = WeightSync(server.url, tmp_path / "weights")
 
     def check(model: Any, label: str) -> float:
@@ -384,8 +388,8 @@ def test_a_push_to_a_server_without_the_worker_extension_is_refused_with_the_fix
     ) as caught:
         sync.push(teacher[0])
     assert "\n" not in str(caught.value) and sync.version == 0
-    generation = _server_logprobs(server.url, [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=2))
-    assert len(generation.token_ids) == 2  # the server was resumed
+    generation = _server_logprobs(server.url, [1, 2, 3], SamplingParams(temperature=0.0))
+    assert len(generation.token_ids) == 16  # the server was resumed
 
 
 class EvenFirstToken(Environment):
@@ -453,7 +457,7 @@ def test_a_server_shut_down_mid_request_ends_it_within_the_bound_with_one_line(s
         engine._client.liveness_interval_s = 1.0
         await engine.fetch_model_info()
         request = asyncio.create_task(
-            engine.generate([1, 2, 3], SamplingParams(temperature=0.7, max_new_tokens=3000))
+            engine.generate([1, 2, 3], SamplingParams(temperature=0.7), max_new_tokens=3000)
         )
         await asyncio.sleep(2.0)
         server.signal(signal.SIGTERM)

@@ -41,7 +41,7 @@ def data(tmp_path_factory) -> str:
 def rollout(environment, task, turns, tokenizer, say, **kwargs):
     engine = ScriptedEngine([say(text) for text in turns])
     engine.record_prompts = True
-    result = asyncio.run(environment.rollout(task, engine, tokenizer, template="qwen3", **kwargs))
+    result = asyncio.run(environment.run_episode(task, engine, tokenizer, template="qwen3", **kwargs))
     return result, engine
 
 
@@ -141,7 +141,7 @@ def test_concurrent_rollouts_share_one_pool_per_loop(data, qwen_tokenizer, say):
     async def many() -> list:
         results = await asyncio.gather(
             *(
-                environment.rollout(
+                environment.run_episode(
                     task,
                     ScriptedEngine([say(tool_call(GOOD)), say(answer(GOOD))]),
                     qwen_tokenizer,

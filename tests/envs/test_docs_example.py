@@ -30,7 +30,7 @@ def test_the_documented_bank_environment_runs_a_multi_turn_rollout(qwen_tokenize
     arguments = {"source": "bob", "target": "alice", "amount": 5}
     call = f'<tool_call>\n{{"name": "transfer", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
     engine = ScriptedEngine([say("Which account should I take it from?"), say(call), say("Done.")])
-    result = run(environment.rollout(task, engine, qwen_tokenizer))
+    result = run(environment.run_episode(task, engine, qwen_tokenizer))
 
     trajectory = result.trajectory
     assert (

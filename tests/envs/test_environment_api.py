@@ -13,8 +13,8 @@ from conftest import add, run
 from strands import tool
 from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits, resolve_limits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult, Task, UserTurn
@@ -61,7 +61,7 @@ class Recording(Environment):
 
 
 def rollout(environment, engine, tokenizer, task, **kwargs):
-    return run(environment.rollout(task, engine, tokenizer, **kwargs))
+    return run(environment.run_episode(task, engine, tokenizer, **kwargs))
 
 
 def test_the_lifecycle_runs_reset_tools_reward_cleanup_once_each(qwen_tokenizer, say):
@@ -109,7 +109,7 @@ class Hanging:
     def __init__(self) -> None:
         self.started = asyncio.Event()
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens):
         self.started.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -123,7 +123,7 @@ def test_cleanup_runs_when_the_rollout_is_cancelled(qwen_tokenizer):
     engine = Hanging()
 
     async def cancel_midway():
-        task = asyncio.create_task(environment.rollout(Task("t0", "hi"), engine, qwen_tokenizer))
+        task = asyncio.create_task(environment.run_episode(Task("t0", "hi"), engine, qwen_tokenizer))
         await engine.started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -407,16 +407,8 @@ def test_limits_resolve_in_one_place_and_explicit_zeros_are_rejected_not_replace
 
 
 def test_the_per_turn_budget_has_one_owner(qwen_tokenizer, say):
-    with pytest.raises(ConfigError, match=r"RolloutLimits\.max_new_tokens"):
-        run(
-            run_agent(
-                ScriptedEngine([say("hi")]),
-                qwen_tokenizer,
-                "hi",
-                template="qwen3",
-                sampling=SamplingParams(max_new_tokens=7),
-            )
-        )
+    with pytest.raises(TypeError, match="max_new_tokens"):  # sampling has no token budget to slip past
+        SamplingParams(max_new_tokens=7)
 
     class Budget:
         context_length = None
@@ -424,8 +416,8 @@ def test_the_per_turn_budget_has_one_owner(qwen_tokenizer, say):
         def __init__(self) -> None:
             self.seen: list[int] = []
 
-        async def generate(self, prompt_ids, sampling):
-            self.seen.append(sampling.max_new_tokens)
+        async def generate(self, prompt_ids, sampling, *, max_new_tokens):
+            self.seen.append(max_new_tokens)
             ids = say("ok")
             return Generation(ids, [-0.1] * len(ids), "stop", len(prompt_ids))
 
@@ -454,3 +446,36 @@ def test_grpo_siblings_get_their_own_server_binding(qwen_tokenizer, say):
     for sample in (0, 1):
         rollout(environment, engine, qwen_tokenizer, Task("t0", "hi"), sample=sample)
     assert bound_keys == released == [RolloutKey("t0", 0), RolloutKey("t0", 1)]
+
+
+def test_an_environment_written_for_the_old_rollout_name_still_runs_and_is_told_once(
+    qwen_tokenizer, say, monkeypatch
+):
+    """``Environment.rollout`` is now ``run_episode``: an old override is what the runner calls (its
+    ``super().rollout()`` runs the base episode), with one DeprecationWarning per class and per caller."""
+    import warnings
+
+    from agentboost.envs import base
+
+    monkeypatch.setattr(base, "_ROLLOUT_RENAMED_WARNED", set())  # what earlier tests were told
+    with pytest.warns(DeprecationWarning, match=r"Legacy overrides Environment\.rollout.*run_episode"):
+
+        class Legacy(Recording):
+            async def rollout(self, task, engine, tokenizer=None, **options):
+                self.calls.append(("legacy", task.id))
+                return await super().rollout(task, engine, tokenizer, **options)
+
+    environment = Legacy()
+    with pytest.warns(DeprecationWarning, match=r"Environment\.rollout\(\) was called"):
+        result = rollout(environment, ScriptedEngine([say("Answer: 3")]), qwen_tokenizer, Task("t0", "hi"))
+    assert environment.calls == [("legacy", "t0"), ("reset", "t0"), ("tools", "t0"), ("cleanup", "t0")]
+    assert result.termination is TerminationReason.COMPLETED and result.reward == 1.0
+
+    current = Recording()  # a caller still using the old name on a current environment
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            result = run(current.rollout(Task("t0", "hi"), ScriptedEngine([say("3")]), qwen_tokenizer))
+    assert result.termination is TerminationReason.COMPLETED
+    assert current.calls == [("reset", "t0"), ("tools", "t0"), ("cleanup", "t0")] * 2
+    assert [w.category for w in caught] == []  # told once per process, and that was above

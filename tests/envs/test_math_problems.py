@@ -25,7 +25,7 @@ END = "<|im_end|>"
 
 def scripted_rollout(environment, task, tokenizer, turns: list[str]):
     engine = ScriptedEngine([tokenizer.encode(turn + END, add_special_tokens=False) for turn in turns])
-    return asyncio.run(environment.rollout(task, engine, tokenizer, template="qwen3"))
+    return asyncio.run(environment.run_episode(task, engine, tokenizer, template="qwen3"))
 
 
 @pytest.mark.parametrize("generator", SUPPORTED_GENERATORS)
@@ -206,7 +206,7 @@ def test_the_python_tool_runs_in_the_sandbox(qwen_tokenizer):
                     qwen_tokenizer.encode(f"Answer: {task.ground_truth}{END}", add_special_tokens=False),
                 ]
             )
-            rollouts.append(environment.rollout(task, engine, qwen_tokenizer, template="qwen3"))
+            rollouts.append(environment.run_episode(task, engine, qwen_tokenizer, template="qwen3"))
         return await asyncio.gather(*rollouts)  # concurrent rollouts share one pool
 
     results = asyncio.run(run_all())

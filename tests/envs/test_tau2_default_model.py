@@ -9,10 +9,10 @@ import pytest
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.factory import load_tokenizer
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.models import pull_default_model
 from agentboost.envs.tau2.environment import Tau2Environment
+from agentboost.models.tokenizers import load_tokenizer
+from agentboost.models.weights import pull_default_model
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def test_a_real_conversation_on_one_engine_is_clean_and_correctly_masked():
     env = Tau2Environment(domain="retail", max_user_turns=2, simulator_max_new_tokens=24)
     task = env.tasks(1, split="test")[0]
     result = asyncio.run(
-        env.rollout(
+        env.run_episode(
             task,
             engine,
             tokenizer,

@@ -24,7 +24,7 @@ def call(name: str, arguments: dict) -> str:
 
 def run(env, task, agent_turns, say, tokenizer, **kwargs):
     engine = ScriptedEngine([say(text) for text in agent_turns])
-    return asyncio.run(env.rollout(task, engine, tokenizer, **kwargs))
+    return asyncio.run(env.run_episode(task, engine, tokenizer, **kwargs))
 
 
 def environment(tokenizer, say, customer, **kwargs) -> Tau2Environment:
@@ -102,7 +102,7 @@ def test_customer_turns_are_appended_token_exactly_with_mask_zero(qwen_tokenizer
     task = env.task("1")
     engine = ScriptedEngine([say("How can I help?"), say("Sure, from where?")])
     engine.record_prompts = True
-    result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    result = asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
     assert result.termination is TerminationReason.USER_ENDED
     trajectory = result.trajectory
     user_segments = [segment for segment in trajectory.segments if segment.role == "user"]
@@ -135,7 +135,7 @@ def test_a_customer_who_never_stops_is_cut_at_max_user_turns(qwen_tokenizer, say
     )
     task = env.tasks(1, split="all")[0]
     engine = ScriptedEngine([say("Anything else?")], cycle=True)
-    result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    result = asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
     assert result.termination is TerminationReason.USER_ENDED
     assert result.trajectory.termination_detail == "max_user_turns (3)"
     assert len(result.trajectory.info["simulator"]["turns"]) == 3
@@ -262,10 +262,10 @@ def test_the_simulator_shares_the_agents_engine_by_default(qwen_tokenizer, say):
     # rollout uses its OWN engine (veRL builds one per rollout), never the first one the env saw
     for opening in ("Hi, create a task.", "Hello, I need a task."):
         engine = ScriptedEngine([say(opening), say("What title?"), say("Never mind. ###STOP###")])
-        result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+        result = asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
         assert result.termination is TerminationReason.USER_ENDED and engine.calls == 3
         assert result.trajectory.messages[2]["content"] == opening
-    with pytest.raises(ConfigError, match="carries only inside rollout"):
+    with pytest.raises(ConfigError, match=r"carries only inside run_episode\(\)"):
         env.simulator(Episode(task))
 
 
@@ -273,14 +273,14 @@ def test_concurrent_rollouts_each_reach_their_own_engine_through_the_episode(qwe
     """No ContextVar and no rollout override: the episode carries the engine to the simulator."""
     env = Tau2Environment(domain="mock")
     task = env.tasks(1, split="all")[0]
-    assert type(env).rollout is Environment.rollout
+    assert type(env).run_episode is Environment.run_episode
     engines = [
         ScriptedEngine([say(opening), say("What title?"), say("Never mind. ###STOP###")])
         for opening in ("Hi, create a task.", "Hello, I need a task.")
     ]
 
     async def both():
-        return await asyncio.gather(*(env.rollout(task, engine, qwen_tokenizer) for engine in engines))
+        return await asyncio.gather(*(env.run_episode(task, engine, qwen_tokenizer) for engine in engines))
 
     results = asyncio.run(both())
     assert [engine.calls for engine in engines] == [3, 3]

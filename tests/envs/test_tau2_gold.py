@@ -83,7 +83,7 @@ def scripted_rollout(qwen_tokenizer, say, domain: str, tau2_id: str, actions: li
     turns[0] = f"{info}\n{turns[0]}" if info else turns[0]  # said up front: a transfer ends the rollout
     turns.append("Is there anything else I can help you with?")
     engine = ScriptedEngine([say(turn) for turn in turns if turn])
-    return asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    return asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
 
 
 @pytest.mark.slow

@@ -268,12 +268,10 @@ def test_simulator_engine_failure_is_a_reply_not_a_crash(qwen_tokenizer):
 
 
 def test_simulator_keeps_a_reply_cut_at_max_tokens(qwen_tokenizer, say):
-    from agentboost.engines.base import SamplingParams
-
     simulator, _ = _simulator(
         qwen_tokenizer,
         [say("I would like to change my flight to a later one please", stop=False)],
-        sampling=SamplingParams(max_new_tokens=4),
+        max_new_tokens=4,
     )
     reply = asyncio.run(simulator.reply("scenario", []))
     assert reply.finish_reason == "length" and reply.text and reply.failure is None

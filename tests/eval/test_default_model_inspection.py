@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentboost.cli import main
-from agentboost.engines.models import DEFAULT_MODEL
+from agentboost.models.weights import DEFAULT_MODEL
 from agentboost.rollout.results import read_results
 
 

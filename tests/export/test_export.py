@@ -191,7 +191,7 @@ def test_skip_failed_drops_every_ending_the_termination_table_marks_failed(qwen_
 
     async def both():
         tasks = [Task("fine", "Say 1."), Task("broken", "Say 1.")]
-        return [await environment.rollout(task, engine, qwen_tokenizer) for task in tasks]
+        return [await environment.run_episode(task, engine, qwen_tokenizer) for task in tasks]
 
     fine, broken = asyncio.run(both())
     assert broken.termination.value == "env_error" and TERMINATIONS[broken.termination].failed

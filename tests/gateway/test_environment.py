@@ -33,7 +33,7 @@ async def sdk_agent(context: AgentContext):
 
 def rollout(environment, engine, tokenizer, **options):
     return run(
-        environment.rollout(
+        environment.run_episode(
             Task(id="t0", prompt="What is (12 + 30) * 2?", ground_truth="84"), engine, tokenizer, **options
         )
     )

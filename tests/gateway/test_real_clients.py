@@ -9,8 +9,8 @@ from exactness_support import RecordingEngine
 from gateway_support import anthropic_agent, openai_agent, serving
 from transformers import AutoModelForCausalLM
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
 from agentboost.tokens.trajectory import TerminationReason

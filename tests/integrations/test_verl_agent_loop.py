@@ -101,11 +101,12 @@ class EngineServerManager:
             temperature=sampling_params["temperature"],
             top_p=sampling_params["top_p"],
             top_k=max(sampling_params["top_k"], 0),
-            max_new_tokens=sampling_params["max_tokens"],
             stop_token_ids=tuple(sampling_params["stop_token_ids"]),
             seed=len(self.requests),
         )
-        generation = await self.engine.generate(prompt_ids, sampling)
+        generation = await self.engine.generate(
+            prompt_ids, sampling, max_new_tokens=sampling_params["max_tokens"]
+        )
         return TokenOutput(
             token_ids=generation.token_ids,
             log_probs=generation.logprobs if sampling_params.get("logprobs") else None,
@@ -432,7 +433,8 @@ class CannedServer:
         return self.outputs.pop(0)
 
 
-SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=4, stop_token_ids=(9,))
+SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, stop_token_ids=(9,))
+BUDGET = 4
 
 
 def test_engine_maps_stop_and_length_and_keeps_one_request_id():
@@ -456,8 +458,8 @@ def test_engine_maps_stop_and_length_and_keeps_one_request_id():
         server, request_id="rollout-1", backend="sglang", extra_sampling={"repetition_penalty": 1.1}
     )
 
-    first = run(engine.generate([1, 2, 3], SAMPLING))
-    second = run(engine.generate([1, 2, 3, 5, 9, 4], SAMPLING))
+    first = run(engine.generate([1, 2, 3], SAMPLING, max_new_tokens=BUDGET))
+    second = run(engine.generate([1, 2, 3, 5, 9, 4], SAMPLING, max_new_tokens=BUDGET))
 
     assert (first.token_ids, first.logprobs, first.finish_reason) == ([5, 9], [-0.1, -0.2], "stop")
     assert (second.finish_reason, second.prompt_tokens) == ("length", 6)
@@ -489,7 +491,7 @@ def test_engine_sends_only_the_backends_documented_sampling_fields(backend):
         ]
     server = CannedServer(TokenOutput(token_ids=[9], log_probs=[-0.1], stop_reason="completed"))
     engine = VerlServerEngine(server, request_id="r", backend=backend)
-    run(engine.generate([1, 2, 3], replace(SAMPLING, seed=7)))
+    run(engine.generate([1, 2, 3], replace(SAMPLING, seed=7), max_new_tokens=BUDGET))
     params = dict(server.requests[0][2])
     assert params.pop("logprobs") is True  # veRL's own switch, popped before the backend sees the rest
     assert set(params) <= set(documented), set(params) - set(documented)
@@ -513,16 +515,16 @@ def test_engine_sends_only_the_backends_documented_sampling_fields(backend):
 def test_engine_turns_bad_server_answers_into_engine_errors(output, message):
     engine = VerlServerEngine(CannedServer(output), request_id="r")
     with pytest.raises(EngineError, match=message):
-        run(engine.generate([1, 2, 3], SAMPLING))
+        run(engine.generate([1, 2, 3], SAMPLING, max_new_tokens=BUDGET))
 
 
 def test_engine_refuses_only_an_overlong_first_prompt():
     server = CannedServer(TokenOutput(token_ids=[9], log_probs=[-0.1], stop_reason="completed"))
     engine = VerlServerEngine(server, request_id="r", max_prompt_tokens=3)
     with pytest.raises(PromptTooLongError, match="prompt_length"):
-        run(engine.generate([1, 2, 3, 4], SAMPLING))
+        run(engine.generate([1, 2, 3, 4], SAMPLING, max_new_tokens=BUDGET))
     assert server.requests == []
-    assert run(engine.generate([1, 2, 3], SAMPLING)).finish_reason == "stop"
+    assert run(engine.generate([1, 2, 3], SAMPLING, max_new_tokens=BUDGET)).finish_reason == "stop"
 
 
 def test_importing_agentboost_does_not_import_verl():

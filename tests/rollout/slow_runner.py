@@ -17,9 +17,9 @@ from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
 
 
 class SlowEngine(ScriptedEngine):
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens):
         await asyncio.sleep(0.05)
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
 
 def main() -> None:

@@ -187,9 +187,9 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
     from agentboost.rollout.workers import WorkerPool
 
     class Slow(ScriptedEngine):
-        async def generate(self, prompt_ids, sampling):
+        async def generate(self, prompt_ids, sampling, *, max_new_tokens):
             await asyncio.sleep(0.3)
-            return await super().generate(prompt_ids, sampling)
+            return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
 
     async def main():
         server = await start_server(Slow([say("Answer: 7")], cycle=True), context_length=40960)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sandbox_support import run
 
+from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
-from agentboost.agent.rollout import run_agent
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.sandbox import SandboxLimits, SandboxPool, make_code_tool
 from agentboost.sandbox.tool import format_report

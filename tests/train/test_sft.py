@@ -26,7 +26,7 @@ def rollout(tokenizer, turns: list[str], task_index: int = 0):
     environment = ArithmeticEnvironment()
     task = environment.tasks(task_index + 1)[task_index]
     engine = ScriptedEngine([tokenizer.encode(turn, add_special_tokens=False) for turn in turns])
-    return asyncio.run(environment.rollout(task, engine, tokenizer, template="qwen3"))
+    return asyncio.run(environment.run_episode(task, engine, tokenizer, template="qwen3"))
 
 
 def masked_runs(tokenizer, ids: list[int], mask: list[int]) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentboost.engines.base import FinishReason, Generation, SamplingParams
+from agentboost.engines.base import FinishReason, Generation, SamplingParams, check_max_new_tokens
 from agentboost.errors import ConfigError, RequestFormatError, ResponseFormatError
 
 
@@ -16,6 +16,7 @@ class ServedRequest:
 
     prompt_ids: list[int]
     sampling: SamplingParams
+    max_new_tokens: int
     body: Mapping[str, Any]
     """The request as received, for the answer's optional parts (logprobs, token ids)."""
 
@@ -128,8 +129,18 @@ def check_neutral(given: Mapping[str, Any], neutral: Mapping[str, Any], where: s
             )
 
 
+def max_new_tokens_from_wire(value: Any, default: int) -> int:
+    """A request's token budget (``default`` when absent): an integer >= 1, or RequestFormatError."""
+    if value is None:
+        return default
+    try:
+        return check_max_new_tokens(int(value))
+    except (ConfigError, TypeError, ValueError) as error:
+        raise RequestFormatError(f"invalid sampling parameters: {error}") from error
+
+
 def sampling_from_wire(
-    *, temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, stop_token_ids: Any, seed: Any
+    *, temperature: Any, top_p: Any, top_k: Any, stop_token_ids: Any, seed: Any
 ) -> SamplingParams:
     """SamplingParams from the wire's fields (``top_k`` -1 is "off", as 0 is in agentboost)."""
     try:
@@ -137,7 +148,6 @@ def sampling_from_wire(
             temperature=float(1.0 if temperature is None else temperature),
             top_p=float(1.0 if top_p is None else top_p),
             top_k=0 if top_k in (None, -1) else int(top_k),
-            max_new_tokens=int(max_new_tokens),
             stop_token_ids=tuple(stop_token_ids or ()),
             seed=None if seed is None else int(seed),
         )

@@ -38,6 +38,7 @@ from agentboost.engines.wire.common import (
     float_list,
     generation,
     int_list,
+    max_new_tokens_from_wire,
     prompt_ids,
     request_object,
     sampling_from_wire,
@@ -188,7 +189,7 @@ def context_length_in(payload: Any) -> int | None:
 
 def top_logprobs_request(prompt: list[int], temperature: float, top_k: int, count: int) -> GenerateRequest:
     """A one-token request for the ``count`` most likely next tokens' logprobs (the logprobs probe)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=1, seed=0)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, seed=0)
     body = build_request(prompt, sampling, 1)
     body["top_logprobs_num"] = count
     return body
@@ -311,29 +312,27 @@ def read_request(body: Any, *, context_length: int | None, model_name: str) -> S
     where = f"{GENERATE_PATH} sampling_params"
     check_fields(params, SAMPLING_FIELDS, where)
     check_neutral(params, NEUTRAL_SAMPLING, where)
-    max_new = params.get("max_new_tokens")
-    max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
+    max_new = max_new_tokens_from_wire(params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS)
     if context_length is not None:
         if len(prompt) >= context_length:
             raise RequestFormatError(
                 f"The input ({len(prompt)} tokens) is longer than the model's context length "
                 f"({context_length} tokens)."
             )
-        if len(prompt) + int(max_new) >= context_length:
+        if len(prompt) + max_new >= context_length:
             raise RequestFormatError(
                 "Requested token count exceeds the model's maximum context length of "
-                f"{context_length} tokens. You requested a total of {len(prompt) + int(max_new)} tokens: "
+                f"{context_length} tokens. You requested a total of {len(prompt) + max_new} tokens: "
                 f"{len(prompt)} tokens from the input and {max_new} tokens for the completion."
             )
     sampling = sampling_from_wire(
         temperature=params.get("temperature"),
         top_p=params.get("top_p"),
         top_k=params.get("top_k"),
-        max_new_tokens=max_new,
         stop_token_ids=params.get("stop_token_ids"),
         seed=params.get("sampling_seed"),
     )
-    return ServedRequest(prompt, sampling, body)
+    return ServedRequest(prompt, sampling, max_new, body)
 
 
 def build_response(

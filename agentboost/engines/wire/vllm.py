@@ -42,6 +42,7 @@ from agentboost.engines.wire.common import (
     float_list,
     generation,
     int_list,
+    max_new_tokens_from_wire,
     prompt_ids,
     request_object,
     sampling_from_wire,
@@ -228,7 +229,7 @@ def top_logprobs_request(
     prompt: list[int], temperature: float, top_k: int, count: int, *, model: str | None
 ) -> CompletionRequest:
     """A one-token request for the ``count`` most likely next tokens' logprobs (the logprobs probe)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=1, seed=0)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, seed=0)
     body = build_request(prompt, sampling, 1, model=model)
     body["logprobs"] = count
     return body
@@ -342,8 +343,7 @@ def read_request(body: Any, *, context_length: int | None, model_name: str) -> S
         raise RequestFormatError(
             "only logprobs=0 (the sampled token's log-probability) is supported by agentboost serve"
         )
-    max_tokens = body.get("max_tokens")
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else int(max_tokens)
+    max_tokens = max_new_tokens_from_wire(body.get("max_tokens"), DEFAULT_MAX_TOKENS)
     if context_length is not None and len(prompt) + max_tokens > context_length:
         raise RequestFormatError(
             f"This model's maximum context length is {context_length} tokens. However, you requested "
@@ -354,11 +354,10 @@ def read_request(body: Any, *, context_length: int | None, model_name: str) -> S
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         top_k=body.get("top_k"),
-        max_new_tokens=max_tokens,
         stop_token_ids=body.get("stop_token_ids"),
         seed=body.get("seed"),
     )
-    return ServedRequest(prompt, sampling, body)
+    return ServedRequest(prompt, sampling, max_tokens, body)
 
 
 def build_response(

@@ -72,7 +72,7 @@ _HOW_TO_RUN = {
 
 
 def _humaneval_cache() -> Path:
-    from agentboost.engines.models import cache_dir
+    from agentboost.models.weights import cache_dir
 
     return cache_dir() / "coding" / "humaneval.jsonl"
 

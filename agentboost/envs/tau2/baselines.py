@@ -1,7 +1,7 @@
 """Policies that do no work, run through the real environment to see what a reward pays them.
 
 A reward a do-nothing policy can win is one RL will find. Each policy is a scripted agent (no model)
-driven through :meth:`Tau2Environment.rollout` with a scripted customer, exactly like a trained one:
+driven through :meth:`Tau2Environment.run_episode` with a scripted customer, exactly like a trained one:
 
 ``do_nothing``       says one polite line; the customer ends the conversation (``###STOP###``)
 ``always_transfer``  calls ``transfer_to_human_agents`` on its first turn (ends ``env_stopped``)
@@ -73,7 +73,7 @@ def run_policy(
             environment = policy_environment(policy, domain, reward, tokenizer)
             engine = ScriptedEngine([_turn(tokenizer, text)], cycle=True)
             task = environment.task(tau2_id, split=split)
-            results.append(await environment.rollout(task, engine, tokenizer))
+            results.append(await environment.run_episode(task, engine, tokenizer))
         return results
 
     return asyncio.run(run_all())
@@ -84,7 +84,7 @@ BREAKDOWN_OF = {"tau2": "tau2", "strict": "strict", "toolrl": "toolrl"}
 
 
 def main() -> int:
-    from agentboost.tokens.qwen import load_qwen3_tokenizer
+    from agentboost.models.tokenizers import load_qwen3_tokenizer
 
     tokenizer = load_qwen3_tokenizer()
     print("| policy | domain | reward | mean reward | reward >= 1 on | coverage |")

@@ -33,7 +33,7 @@ import dataclasses
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Engine, SamplingParams
+from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.base import Environment, Episode, Reward, Task, UserTurn
 from agentboost.envs.tau2.package import (
     SPLITS,
@@ -47,6 +47,7 @@ from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolr
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
 from agentboost.errors import ConfigError, EngineError, UnscorableError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -127,9 +128,8 @@ class Tau2Environment(Environment):
         self.system_prompt = agent_system_prompt(self.domain)
         self._simulator_spec = (simulator_engine, simulator_url, simulator_model, simulator_tokenizer)
         self._simulator_template = simulator_template
-        self._simulator_sampling = SamplingParams(
-            temperature=simulator_temperature, max_new_tokens=simulator_max_new_tokens
-        )
+        self._simulator_sampling = SamplingParams(temperature=simulator_temperature)
+        self._simulator_max_new_tokens = check_max_new_tokens(simulator_max_new_tokens)
         self._simulator_retries = simulator_retries
         self._simulator: UserSimulator | None = None
 
@@ -186,7 +186,7 @@ class Tau2Environment(Environment):
             if episode.engine is None:
                 raise ConfigError(
                     "the tau2 simulator shares the agent's engine, which an episode carries only inside "
-                    "rollout() (from start on); pass simulator_engine to use it elsewhere"
+                    "run_episode() (from start on); pass simulator_engine to use it elsewhere"
                 )
             agent_tokenizer = episode.tokenizer
             return self._make_simulator(
@@ -195,7 +195,8 @@ class Tau2Environment(Environment):
         if self._simulator is not None:
             return self._simulator
         if isinstance(engine, str):
-            from agentboost.engines.factory import load_tokenizer, make_engine
+            from agentboost.engines.factory import make_engine
+            from agentboost.models.tokenizers import load_tokenizer
 
             if model is None:
                 raise ConfigError(f"simulator_engine={engine!r} needs simulator_model (for its tokenizer)")
@@ -216,6 +217,7 @@ class Tau2Environment(Environment):
             tokenizer,
             template=self._simulator_template,
             sampling=self._simulator_sampling,
+            max_new_tokens=self._simulator_max_new_tokens,
             retries=self._simulator_retries,
         )
 
@@ -281,7 +283,7 @@ class Tau2Environment(Environment):
 
         return tau2_tools(episode.state["environment"], episode.state["log"], on_call=on_call)
 
-    async def next_user_message(self, episode: Episode, messages: list[dict[str, Any]]) -> UserTurn | None:
+    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | None:
         if self.mode == "ticket":
             return None
         if episode.state["user_turns"] >= self.max_user_turns:

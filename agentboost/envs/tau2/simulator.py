@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentboost.agent.rollout import stop_token_ids
-from agentboost.engines.base import Engine, SamplingParams
+from agentboost.agent.episode import stop_token_ids
+from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.tau2.package import stop_markers, user_guidelines, user_system_prompt_frame
 from agentboost.errors import AgentBoostError
 from agentboost.tokens.parsers import split_reasoning
@@ -86,6 +86,7 @@ class UserSimulator:
         *,
         template: ChatTemplate | str | None = None,
         sampling: SamplingParams | None = None,
+        max_new_tokens: int = 256,
         retries: int = 2,
     ) -> None:
         self.engine = engine
@@ -93,7 +94,9 @@ class UserSimulator:
         self.template = template if isinstance(template, ChatTemplate) else template_for(tokenizer, template)
         if self.template.name == "qwen3":
             self.template = self.template.with_defaults(thinking="off")
-        base = sampling or SamplingParams(temperature=1.0, max_new_tokens=256)
+        base = sampling or SamplingParams(temperature=1.0)
+        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
+        """The most tokens one customer reply may have."""
         self.sampling = dataclasses.replace(
             base, stop_token_ids=tuple(dict.fromkeys([*base.stop_token_ids, *stop_token_ids(tokenizer)]))
         )
@@ -121,7 +124,9 @@ class UserSimulator:
             elif attempts > 1 and sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + attempts)
             try:
-                generation = await self.engine.generate(prompt_ids, sampling)
+                generation = await self.engine.generate(
+                    prompt_ids, sampling, max_new_tokens=self.max_new_tokens
+                )
             except Exception as error:  # the engine's own typed errors, or anything a remote server does
                 return SimulatorReply(
                     "", failure=f"engine_error: {type(error).__name__}: {error}", attempts=attempts

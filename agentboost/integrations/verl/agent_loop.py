@@ -127,7 +127,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
             extra_sampling={k: v for k, v in sampling_params.items() if k not in _VERL_SAMPLING_KEYS},
             generate_kwargs={"priority": int(row["priority"])} if row.get("priority") else None,
         )
-        result = await environment.rollout(
+        result = await environment.run_episode(
             task,
             engine,
             self.tokenizer,

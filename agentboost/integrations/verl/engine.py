@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.engines.wire import sglang as sglang_wire
 from agentboost.engines.wire import vllm as vllm_wire
 from agentboost.errors import EngineError, PromptTooLongError
@@ -95,17 +95,20 @@ class VerlServerEngine:
     def context_length(self) -> int | None:
         return self._context_length
 
-    def sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
+    def sampling_params(self, sampling: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
         """The ``sampling_params`` dict veRL's vLLM / SGLang servers accept for one request."""
         params: dict[str, Any] = dict(self.extra_sampling)
         if self.backend == "sglang":
-            params.update(sglang_wire.sampling_params(sampling, sampling.max_new_tokens))
+            params.update(sglang_wire.sampling_params(sampling, max_new_tokens))
         else:
-            params.update(vllm_wire.sampling_params(sampling, sampling.max_new_tokens))
+            params.update(vllm_wire.sampling_params(sampling, max_new_tokens))
         params["logprobs"] = True  # veRL's switch for one log-probability per generated id
         return params
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
         prompt = [int(token) for token in prompt_ids]
         if self.calls == 0 and self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
             raise PromptTooLongError(
@@ -119,7 +122,7 @@ class VerlServerEngine:
             output = await self.server_manager.generate(
                 request_id=self.request_id,
                 prompt_ids=prompt,
-                sampling_params=self.sampling_params(sampling),
+                sampling_params=self.sampling_params(sampling, max_new_tokens),
                 **self.generate_kwargs,
             )
         except asyncio.CancelledError:
@@ -131,7 +134,7 @@ class VerlServerEngine:
         finally:
             self.generate_s += time.perf_counter() - started
         self._record(output)
-        return self._generation(output, prompt, sampling)
+        return self._generation(output, prompt, sampling, max_new_tokens)
 
     def bind(self, rollout: RolloutKey) -> VerlServerEngine:
         """Already one rollout's view (one ``request_id``): itself."""
@@ -155,7 +158,9 @@ class VerlServerEngine:
         if last is not None:
             self.max_global_steps = last
 
-    def _generation(self, output: Any, prompt: list[int], sampling: SamplingParams) -> Generation:
+    def _generation(
+        self, output: Any, prompt: list[int], sampling: SamplingParams, max_new_tokens: int
+    ) -> Generation:
         reason = getattr(output, "stop_reason", None)
         if reason in _ABORTED:
             raise EngineError(
@@ -176,7 +181,7 @@ class VerlServerEngine:
         if token_ids[-1] in sampling.stop_token_ids:
             finish = "stop"
         else:
-            expected = sampling.max_new_tokens
+            expected = max_new_tokens
             if self._context_length is not None:
                 expected = min(expected, self._context_length - len(prompt))
             if len(token_ids) < expected:

@@ -82,10 +82,10 @@ def test_local_servers_one_per_concurrent_episode_reset_between_episodes(say, qw
     engine = restocker(qwen_tokenizer, say)
 
     async def main():
-        first = await asyncio.gather(*(env.rollout(restock(k), engine, qwen_tokenizer) for k in (1, 2)))
+        first = await asyncio.gather(*(env.run_episode(restock(k), engine, qwen_tokenizer) for k in (1, 2)))
         addresses = {" ".join(p.cmdline()).split("--host ")[1].split()[0] for p in aenv_servers()}
         # the same two servers serve two more episodes: the reset function gives each a fresh shop
-        second = await asyncio.gather(*(env.rollout(restock(k), engine, qwen_tokenizer) for k in (3, 4)))
+        second = await asyncio.gather(*(env.run_episode(restock(k), engine, qwen_tokenizer) for k in (3, 4)))
         return first + second, addresses
 
     try:
@@ -107,11 +107,11 @@ def test_a_remote_instance_and_a_server_that_dies_mid_episode(say, qwen_tokenize
     server = AEnvServer.start(PYTHON, DIRECTORY.resolve(), "127.0.0.45", 8081, timeout_s=180)
     try:
         env = environment(url=server.base_url)
-        result = asyncio.run(env.rollout(restock(5), restocker(qwen_tokenizer, say), qwen_tokenizer))
+        result = asyncio.run(env.run_episode(restock(5), restocker(qwen_tokenizer, say), qwen_tokenizer))
         assert result.termination is TerminationReason.COMPLETED and result.reward == 1.0
         # the instance's process dies just before the model's tool call reaches it
         result = asyncio.run(
-            env.rollout(restock(6), restocker(qwen_tokenizer, say, server.process.kill), qwen_tokenizer)
+            env.run_episode(restock(6), restocker(qwen_tokenizer, say, server.process.kill), qwen_tokenizer)
         )
         assert result.termination is TerminationReason.ENV_ERROR and result.reward is None
         assert "was lost during tool 'restock'" in result.trajectory.termination_detail
@@ -143,7 +143,7 @@ def test_a_built_in_environment_packaged_as_an_aenvironment_directory(tmp_path, 
     call = json.dumps({"name": "calculator", "arguments": {"expression": task.metadata["expression"]}})
     engine = ScriptedEngine([say(f"<tool_call>\n{call}\n</tool_call>"), say(f"Answer: {task.ground_truth}")])
     try:
-        result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+        result = asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
     finally:
         env.close()
     assert result.termination is TerminationReason.COMPLETED, result.trajectory.termination_detail

@@ -50,7 +50,7 @@ def environment(server: dict, **kwargs) -> MCPEnvironment:
 
 def rollout(env, say, qwen_tokenizer, script, task=TASK):
     engine = ScriptedEngine([say(text) for text in script])
-    return asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    return asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
 
 
 def tool_messages(result):
@@ -177,7 +177,7 @@ def test_concurrent_episodes_never_see_each_others_state(transport, say, qwen_to
             },
         )
         engine = ScriptedEngine(script)
-        return await asyncio.gather(*(env.rollout(task, engine, qwen_tokenizer) for task in tasks))
+        return await asyncio.gather(*(env.run_episode(task, engine, qwen_tokenizer) for task in tasks))
 
     if transport == "stdio":
         results = asyncio.run(run_all(stdio(STORE_SERVER, name="store")))
@@ -197,7 +197,7 @@ def test_cancelled_rollouts_leave_no_server_process_or_client_thread(say, qwen_t
 
     async def cancel_mid_episode():
         rollouts = [
-            asyncio.ensure_future(env.rollout(Task(f"h{i}", "hang"), engine, qwen_tokenizer))
+            asyncio.ensure_future(env.run_episode(Task(f"h{i}", "hang"), engine, qwen_tokenizer))
             for i in range(4)
         ]
         deadline = time.monotonic() + 60

@@ -40,7 +40,7 @@ def test_the_arithmetic_environment_served_over_stdio_trains_like_the_built_in_o
     expression = task.metadata["expression"]
     call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
     engine = ScriptedEngine([say(f"<tool_call>\n{call}\n</tool_call>"), say(f"Answer: {task.ground_truth}")])
-    result = asyncio.run(env.rollout(task, engine, qwen_tokenizer))
+    result = asyncio.run(env.run_episode(task, engine, qwen_tokenizer))
     assert result.termination is TerminationReason.COMPLETED, result.trajectory.termination_detail
     (tool,) = [m for m in result.trajectory.messages if m["role"] == "tool"]
     assert tool["content"] == str(task.ground_truth) and tool["metadata"]["server"] == "arithmetic"

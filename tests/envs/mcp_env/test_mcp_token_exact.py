@@ -44,7 +44,7 @@ def mcp_scripted(qwen_tokenizer, say):
     """The tool conversation of the built-in tests, with add and multiply served over MCP (stdio)."""
     engine = ScriptedEngine([say(text) for text in TOOL_SCRIPT])
     result = asyncio.run(
-        environment(stdio(FAULT_SERVER)).rollout(Task("q", QUESTION), engine, qwen_tokenizer)
+        environment(stdio(FAULT_SERVER)).run_episode(Task("q", QUESTION), engine, qwen_tokenizer)
     )
     assert result.termination is TerminationReason.COMPLETED
     return result.trajectory
@@ -65,7 +65,7 @@ def test_mcp_tool_rollouts_are_token_exact(
 
     def run(server):
         return asyncio.run(
-            environment(server).rollout(Task("q", QUESTION), engine, qwen_tokenizer, sampling=sampling)
+            environment(server).run_episode(Task("q", QUESTION), engine, qwen_tokenizer, sampling=sampling)
         )
 
     if transport == "stdio":

@@ -22,6 +22,7 @@ from typing import Any
 
 from strands import Agent
 from strands.agent.conversation_manager import NullConversationManager
+from strands.types.content import Messages
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.provider import TokenModel, invalid_tool_call
@@ -29,6 +30,7 @@ from agentboost.agent.sync_tools import use_daemon_threads
 from agentboost.agent.termination import RolloutGuard, StopSignal, classify_error
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams, bound
 from agentboost.errors import ConfigError, EngineError, EnvironmentStepError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -48,7 +50,7 @@ class UserTurn:
     """Why the conversation ended (recorded as the termination detail), e.g. ``###STOP###``."""
 
 
-NextUserMessage = Callable[[list[dict[str, Any]]], Awaitable[UserTurn | str | None]]
+NextUserMessage = Callable[[list[ChatMessage]], Awaitable[UserTurn | str | None]]
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
@@ -80,7 +82,7 @@ async def run_agent(
     next_user_message: NextUserMessage | None = None,
     stop: StopSignal | None = None,
     tool_metadata: dict[str, dict[str, Any]] | None = None,
-    strands_messages: list[dict[str, Any]] | None = None,
+    strands_messages: Messages | None = None,
 ) -> Trajectory:
     """Run a fresh Strands agent on ``prompt`` and return its trajectory. Never raises for rollout failures.
 
@@ -99,11 +101,6 @@ async def run_agent(
     """
     use_daemon_threads()  # a synchronous tool that hangs must not outlive the rollout's timeout
     sampling = sampling or SamplingParams()
-    if sampling.max_new_tokens != SamplingParams.max_new_tokens:
-        raise ConfigError(
-            f"a rollout's per-turn token budget comes from RolloutLimits.max_new_tokens, not "
-            f"SamplingParams.max_new_tokens ({sampling.max_new_tokens}); set it in the limits"
-        )
     limits = limits or RolloutLimits()
     stop = stop or StopSignal()
     conversation = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)

