@@ -113,7 +113,9 @@ def rollouts_on(
         engine = Recording(VLLMEngine(url))
         try:
             rollouts = (
-                environment.run_episode(task, engine, tokenizer, sampling=sampling, limits=limits, sample=sample)
+                environment.run_episode(
+                    task, engine, tokenizer, sampling=sampling, limits=limits, sample=sample
+                )
                 for task, sampling, sample in jobs
             )
             return engine.answers, await asyncio.gather(*rollouts)
