@@ -90,11 +90,11 @@ def workloads(tokenizer: Any, small: bool = False) -> dict[str, Callable[[Any], 
     """The three workloads; ``small`` keeps their shape at a size that runs in seconds."""
     scale = 10 if small else 1
     sixteen, eight = prompts(tokenizer, 16, 400 // scale), prompts(tokenizer, 8, 300 // scale)
-    turns = 2 if small else 5
+    new_tokens, turns = (8, 2) if small else (128, 5)
     return {
-        "batch16": lambda engine: batch(engine, sixteen, 128 // (2 * scale)),
-        "stream": lambda engine: batch(engine, sixteen[:1], 128 // (2 * scale)),
-        "multiturn": lambda engine: conversations(engine, eight, turns, 64 // scale),
+        "batch16": lambda engine: batch(engine, sixteen, new_tokens),
+        "stream": lambda engine: batch(engine, sixteen[:1], new_tokens),
+        "multiturn": lambda engine: conversations(engine, eight, turns, new_tokens // 2),
     }
 
 
