@@ -143,9 +143,7 @@ class LocalEngine:
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
-        # transformers >= 5.2x names the cache argument `cache` (`past_key_values` is deprecated)
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_argument = _cache_argument(model)
 
     @classmethod
     def from_pretrained(
@@ -698,6 +696,16 @@ class LocalEngine:
     ) -> None:
         """Replace the running batch's KV (rows joined or left); the next decode step re-buffers it."""
         self._cache, self._mask, self._batch_kv = layers, mask, None
+
+
+def _cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: ``cache`` from transformers 5.2x on
+    (``past_key_values`` warns there, and goes in 5.40), ``past_key_values`` before. Read from the
+    transformers model itself, which a wrapper (a PEFT model, a test's fault injector) may hold inside."""
+    from transformers import PreTrainedModel
+
+    inner = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 def _kv_bytes_per_token(model: Any) -> int | None:
