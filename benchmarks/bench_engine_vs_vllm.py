@@ -294,6 +294,10 @@ def main() -> None:
     if args.tree:
         if not args.no_vllm:
             parser.error("--tree compares embedded engines only: add --no-vllm")
+        if not all(
+            "=" in entry and Path(entry.split("=", 1)[1], "agentboost").is_dir() for entry in args.tree
+        ):
+            parser.error("--tree takes NAME=PATH, PATH a source tree of agentboost (holding agentboost/)")
         compare_trees(args)
         return
     torch.set_num_threads(args.threads)
