@@ -16,6 +16,15 @@ agentboost's launcher (``agentboost.engines.vllm_server``) when this checkout ha
 Memory: the embedded engine's KV (``kv_bytes``) and this process's RSS; the server's process tree RSS.
 
     python benchmarks/bench_engine_vs_vllm.py [--repeats 2] [--threads 2] [--no-vllm]
+
+Two source trees of agentboost, embedded only (say this branch against main), alternating the same way:
+each run is a fresh subprocess with ``PYTHONPATH`` set to its tree (the model's load is not timed; a
+short warm-up generation is), and the first tree is the denominator of the ratio column:
+
+    python benchmarks/bench_engine_vs_vllm.py --no-vllm --tree main=/path/to/main --tree branch=.
+
+``--small`` shrinks every workload (40-token prompts, 8 new tokens, 2 turns) to check the script end to
+end in seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -78,13 +88,87 @@ async def conversations(engine: Any, firsts: Sequence[list[int]], turns: int, ne
     return sum(await asyncio.gather(*(one(list(ids)) for ids in firsts)))
 
 
-def workloads(tokenizer: Any) -> dict[str, Callable[[Any], Any]]:
-    sixteen, eight = prompts(tokenizer, 16), prompts(tokenizer, 8, 300)
+def workloads(tokenizer: Any, small: bool = False) -> dict[str, Callable[[Any], Any]]:
+    """The three workloads; ``small`` keeps their shape at a size that runs in seconds."""
+    scale = 10 if small else 1
+    sixteen, eight = prompts(tokenizer, 16, 400 // scale), prompts(tokenizer, 8, 300 // scale)
+    new_tokens, turns = (8, 2) if small else (128, 5)
     return {
-        "batch16": lambda engine: batch(engine, sixteen, 128),
-        "stream": lambda engine: batch(engine, sixteen[:1], 128),
-        "multiturn": lambda engine: conversations(engine, eight, 5, 64),
+        "batch16": lambda engine: batch(engine, sixteen, new_tokens),
+        "stream": lambda engine: batch(engine, sixteen[:1], new_tokens),
+        "multiturn": lambda engine: conversations(engine, eight, turns, new_tokens // 2),
     }
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One timed run of one workload on a fresh embedded engine; prints one JSON line."""
+    torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.model)
+    engine = LocalEngine.from_pretrained(args.model)
+    try:
+        asyncio.run(batch(engine, [list(range(1000, 1016))], 4))  # warm-up: first-forward set-up
+        engine.prefix_cache.clear()
+        started = time.perf_counter()
+        tokens = asyncio.run(workloads(tokenizer, args.small)[args.worker](engine))
+        seconds = time.perf_counter() - started
+        kv = engine.kv_bytes()
+    finally:
+        engine.close()
+    print(json.dumps({"tokens": tokens, "seconds": seconds, "kv_bytes": kv, "rss": resident_bytes()}))
+
+
+class TreeEngine:
+    """An embedded side running from another source tree: every run is a worker subprocess."""
+
+    def __init__(self, path: str, args: argparse.Namespace) -> None:
+        self.path, self.args = str(Path(path).resolve()), args
+        self.kv_bytes, self.rss = 0, 0
+
+    def run(self, workload: str) -> tuple[int, float]:
+        command = [sys.executable, __file__, "--worker", workload, "--model", self.args.model]
+        command += ["--threads", str(self.args.threads), *(["--small"] if self.args.small else [])]
+        env = {**os.environ, "PYTHONPATH": self.path}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the worker for {self.path} failed:\n{done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        self.kv_bytes = max(self.kv_bytes, result["kv_bytes"])
+        self.rss = max(self.rss, result["rss"])
+        return result["tokens"], result["seconds"]
+
+
+def compare_trees(args: argparse.Namespace) -> None:
+    """Embedded only, one side per source tree, alternating; medians and ratios to the first tree."""
+    trees = dict(entry.split("=", 1) for entry in args.tree)
+    sides = {name: TreeEngine(path, args) for name, path in trees.items()}
+    names = [n for n in ("batch16", "stream", "multiturn") if not args.only or n in args.only]
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    rates: dict[tuple[str, str], list[float]] = {}
+    for name in names:
+        for _ in range(args.repeats):
+            for side, engine in sides.items():
+                tokens, seconds = engine.run(name)
+                rates.setdefault((name, side), []).append(tokens / seconds)
+                print(
+                    f"  {name} {side}: {tokens} tokens, {seconds:.1f} s, {tokens / seconds:.1f} tok/s",
+                    flush=True,
+                )
+    print(f"load average after: {os.getloadavg()}")
+    first, *others = sides
+    header = " | ".join(f"{side} tok/s" for side in sides)
+    ratios = " | ".join(f"{side} / {first}" for side in others)
+    print(f"\n| workload | {header} | {ratios} |\n| --- |{' ---: |' * (len(sides) + len(others))}")
+    for name in names:
+        medians = {side: statistics.median(rates[(name, side)]) for side in sides}
+        cells = " | ".join(f"{medians[side]:.1f}" for side in sides)
+        ratio_cells = " | ".join(f"{medians[side] / medians[first]:.2f}" for side in others)
+        print(f"| {name} | {cells} | {ratio_cells} |")
+    gib = 2**30
+    for side, engine in sides.items():
+        print(
+            f"{side}: worker RSS at the end up to {engine.rss / gib:.2f} GiB, "
+            f"KV held up to {engine.kv_bytes / gib:.2f} GiB"
+        )
 
 
 def tree_rss(pid: int) -> int:
@@ -200,7 +284,24 @@ def main() -> None:
         "--vllm-python", default=os.environ.get("AGENTBOOST_VLLM_PYTHON", "/work/venvs/vllm/bin/python")
     )
     parser.add_argument("--no-vllm", action="store_true", help="the embedded engine only")
+    parser.add_argument(
+        "--tree", action="append", default=[], help="NAME=PATH: an embedded side from that tree"
+    )
+    parser.add_argument("--small", action="store_true", help="tiny workloads: check the script end to end")
+    parser.add_argument("--worker", choices=["batch16", "stream", "multiturn"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.tree:
+        if not args.no_vllm:
+            parser.error("--tree compares embedded engines only: add --no-vllm")
+        if not all(
+            "=" in entry and Path(entry.split("=", 1)[1], "agentboost").is_dir() for entry in args.tree
+        ):
+            parser.error("--tree takes NAME=PATH, PATH a source tree of agentboost (holding agentboost/)")
+        compare_trees(args)
+        return
     torch.set_num_threads(args.threads)
     model_dir = str(resolve_model(args.model))
     tokenizer = load_tokenizer(args.model)
@@ -221,7 +322,7 @@ def main() -> None:
     rates: dict[tuple[str, str], list[float]] = {}
     peak_kv = 0
     try:
-        for name, workload in workloads(tokenizer).items():
+        for name, workload in workloads(tokenizer, args.small).items():
             if args.only and name not in args.only:
                 continue
             for _ in range(args.repeats):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import threading
@@ -129,6 +130,7 @@ class LocalEngine:
         self._rows: list[_Request] = []
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: [B, heads, L, head_dim]
         self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = padding
+        self._batch_kv: Any = None  # BatchKV: _cache and _mask in buffers a decode step writes in place
         self._lengths: list[int] = []  # real tokens held per row
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
@@ -142,6 +144,7 @@ class LocalEngine:
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
+        self._cache_argument = _cache_argument(model)
 
     @classmethod
     def from_pretrained(
@@ -224,7 +227,10 @@ class LocalEngine:
 
     def kv_bytes(self) -> int:
         """Bytes of KV held now: the running batch's cache and the prefix cache."""
-        running = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._cache)
+        if self._batch_kv is not None:
+            running = self._batch_kv.buffer_bytes()
+        else:
+            running = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._cache)
         return running + self.prefix_cache.stats.bytes
 
     async def aclose(self) -> None:
@@ -248,7 +254,7 @@ class LocalEngine:
 
     def _release(self) -> None:
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
-        self._cache, self._mask = [], None
+        self._set_batch_kv([], None)
         self.prefix_cache.clear()
         trim_heap()
 
@@ -320,10 +326,14 @@ class LocalEngine:
         """The KV ``requests`` may hold together: each at its prompt plus max_new_tokens, padded."""
         if not requests or self._kv_token_bytes is None:
             return 0
+        return len(requests) * self._reserved_width(requests) * self._kv_token_bytes
+
+    def _reserved_width(self, requests: Sequence[_Request]) -> int:
+        """The most tokens any of ``requests`` may hold: prompt plus max_new_tokens, within the context."""
         longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
         if self._context_length is not None:
             longest = min(longest, self._context_length)
-        return len(requests) * longest * self._kv_token_bytes
+        return longest
 
     def _fit_prefix_cache(self, running: Sequence[_Request]) -> None:
         """Shrink the prefix cache's budget to what the running batch leaves of the memory budget."""
@@ -336,7 +346,7 @@ class LocalEngine:
             pending = list(self._queue) + self._admitting + self._rows
             self._queue.clear()
         self._admitting, self._rows = [], []
-        self._cache, self._mask = [], None
+        self._set_batch_kv([], None)
         self._lengths, self._last_ids = [], []
         for request in pending:
             self._resolve(request, error)
@@ -439,10 +449,10 @@ class LocalEngine:
             input_ids=input_ids.to(self.device),
             attention_mask=mask,
             position_ids=positions.to(self.device),
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_argument: cache},
         )
-        layers_kv = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+        layers_kv = [(layer.keys, layer.values) for layer in cache.layers]
         return output, layers_kv, mask, cached
 
     def _hold(
@@ -527,25 +537,24 @@ class LocalEngine:
         self._sample(output.logits[:, -1, :], first_row=len(self._rows) - len(requests))
 
     def _decode_step(self) -> None:
-        """One token for every running sequence."""
-        from transformers import DynamicCache
+        """One token for every running sequence, its keys and values written in place (no copy)."""
+        from agentboost.engines.batch_kv import BatchKV
 
         assert self._mask is not None
+        if self._batch_kv is None:  # the batch changed: copy it into buffers once
+            self._batch_kv = BatchKV(self._cache, self._mask, self._reserved_width(self._rows))
+        kv = self._batch_kv
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
-        mask = torch.cat(
-            [self._mask, torch.ones((rows, 1), dtype=self._mask.dtype, device=self.device)], dim=1
-        )
         output = self._forward(
             input_ids=input_ids,
-            attention_mask=mask,
+            attention_mask=kv.next_mask(),
             position_ids=positions,
-            past_key_values=DynamicCache(self._cache),
             use_cache=True,
+            **{self._cache_argument: kv.cache},
         )
-        self._cache = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-        self._mask = mask
+        self._cache, self._mask = kv.layers(), kv.mask()
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
         self._sample(output.logits[:, -1, :], first_row=0)
@@ -558,14 +567,17 @@ class LocalEngine:
             [request.sampling.temperature or 1.0 for request in requests], device=logits.device
         ).unsqueeze(1)
         logprobs = torch.log_softmax(logits / temperatures, dim=-1)
-        for offset, request in enumerate(requests):
-            row_logprobs = logprobs[offset]
-            if request.sampling.greedy:
-                token = int(torch.argmax(logits[offset]))
-            else:
-                token = self._draw(row_logprobs, request)
+        greedy = logits.argmax(dim=-1).tolist()  # one call for the batch, not one per row
+        tokens = [
+            greedy[offset] if request.sampling.greedy else self._draw(logprobs[offset], request)
+            for offset, request in enumerate(requests)
+        ]
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)).squeeze(1)
+        for offset, (request, token, logprob) in enumerate(
+            zip(requests, tokens, chosen.tolist(), strict=True)
+        ):
             request.token_ids.append(token)
-            request.logprobs.append(float(row_logprobs[token]))
+            request.logprobs.append(logprob)
             self._last_ids[first_row + offset] = token
         done = [
             index
@@ -607,16 +619,18 @@ class LocalEngine:
         lengths: list[int],
     ) -> None:
         if not self._rows:
-            self._cache, self._mask = layers, mask
+            self._set_batch_kv(layers, mask)
         else:
             assert self._mask is not None
             width = max(self._mask.shape[1], mask.shape[1])
             old, new = self._left_pad(self._cache, self._mask, width), self._left_pad(layers, mask, width)
-            self._cache = [
-                (torch.cat([old_k, new_k]), torch.cat([old_v, new_v]))
-                for (old_k, old_v), (new_k, new_v) in zip(old[0], new[0], strict=False)
-            ]
-            self._mask = torch.cat([old[1], new[1]])
+            self._set_batch_kv(
+                [
+                    (torch.cat([old_k, new_k]), torch.cat([old_v, new_v]))
+                    for (old_k, old_v), (new_k, new_v) in zip(old[0], new[0], strict=False)
+                ],
+                torch.cat([old[1], new[1]]),
+            )
         self._rows.extend(requests)
         self._lengths.extend(lengths)
         self._last_ids.extend([0] * len(requests))
@@ -646,8 +660,24 @@ class LocalEngine:
                     assert self._mask is not None
                     read = request.prompt_ids + request.token_ids[:-1]  # the last id was never fed
                     self._hold(read, self._cache, index, self._mask)
-        for index in indices:
-            request = self._rows[index]
+        leaving = [self._rows[index] for index in indices]
+        keep = [index for index in range(len(self._rows)) if index not in finished]
+        self._rows = [self._rows[index] for index in keep]
+        self._lengths = [self._lengths[index] for index in keep]
+        self._last_ids = [self._last_ids[index] for index in keep]
+        if not keep:
+            self._set_batch_kv([], None)
+        else:  # re-pack before the callers hear back, so kv_bytes() no longer counts the rows that left
+            assert self._mask is not None
+            selector = torch.tensor(keep, dtype=torch.long, device=self.device)
+            mask = self._mask.index_select(0, selector)
+            # drop columns that are padding in every remaining row
+            first_real = int((mask.cumsum(-1) == 0).sum(-1).min())
+            self._set_batch_kv(
+                [(k[selector][:, :, first_real:], v[selector][:, :, first_real:]) for k, v in self._cache],
+                mask[:, first_real:],
+            )
+        for request in leaving:
             if request.cancelled:
                 continue
             stopped = bool(request.token_ids) and request.token_ids[-1] in request.sampling.stop_token_ids
@@ -664,23 +694,22 @@ class LocalEngine:
                 },
             )
             self._resolve(request, generation)
-        keep = [index for index in range(len(self._rows)) if index not in finished]
-        self._rows = [self._rows[index] for index in keep]
-        self._lengths = [self._lengths[index] for index in keep]
-        self._last_ids = [self._last_ids[index] for index in keep]
-        if not keep:
-            self._cache, self._mask = [], None
-            return
-        assert self._mask is not None
-        selector = torch.tensor(keep, dtype=torch.long, device=self.device)
-        mask = self._mask.index_select(0, selector)
-        # drop columns that are padding in every remaining row
-        first_real = int((mask.cumsum(-1) == 0).sum(-1).min())
-        self._mask = mask[:, first_real:]
-        self._cache = [
-            (k.index_select(0, selector)[:, :, first_real:], v.index_select(0, selector)[:, :, first_real:])
-            for k, v in self._cache
-        ]
+
+    def _set_batch_kv(
+        self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None
+    ) -> None:
+        """Replace the running batch's KV (rows joined or left); the next decode step re-buffers it."""
+        self._cache, self._mask, self._batch_kv = layers, mask, None
+
+
+def _cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: ``cache`` from transformers 5.2x on
+    (``past_key_values`` warns there, and goes in 5.40), ``past_key_values`` before. Read from the
+    transformers model itself, which a wrapper (a PEFT model, a test's fault injector) may hold inside."""
+    from transformers import PreTrainedModel
+
+    inner = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 def _kv_bytes_per_token(model: Any) -> int | None:

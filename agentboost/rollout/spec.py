@@ -216,6 +216,16 @@ class RunSpec:
             "gives up",
         ),
     )
+    engine_memory_gib: float | None = field(
+        default=None,
+        metadata=_setting(
+            "--engine-memory-gib",
+            parse=number(minimum=0, inclusive=False),
+            compared=False,
+            omit_default=True,
+            help="embedded engine: GiB of KV for its running batch and prefix cache together (default: 2)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         def text(name: str) -> None:
@@ -268,6 +278,7 @@ class RunSpec:
             raise ConfigError(
                 f"RunSpec.worker_setup_timeout_s must be > 0 seconds, got {self.worker_setup_timeout_s!r}"
             )
+        _check_engine_memory(self.engine_memory_gib)
         if not isinstance(self.environment_kwargs, Mapping):
             raise ConfigError(
                 f"RunSpec.environment_kwargs must be a mapping, got {type(self.environment_kwargs).__name__}"
@@ -300,10 +311,12 @@ class RunSpec:
         return resolve_limits(environment_limits, self.limits)
 
     def engine_options(self) -> dict[str, float]:
-        """The remote engine's timeouts for :func:`~agentboost.engines.factory.make_engine` ({} for the
-        embedded engine)."""
+        """Options for :func:`~agentboost.engines.factory.make_engine`: the remote engine's timeouts, or
+        the embedded engine's memory budget when one was set."""
         if self.engine == "local":
-            return {}
+            if self.engine_memory_gib is None:
+                return {}
+            return {"memory_budget_bytes": int(self.engine_memory_gib * 2**30)}
         return {
             "read_timeout_s": self.read_timeout_s,
             "connect_timeout_s": self.connect_timeout_s,
@@ -400,6 +413,14 @@ class RunSpec:
                     else str(self.limits[name]),
                 ]
         return argv
+
+
+def _check_engine_memory(gib: Any) -> None:
+    """``engine_memory_gib``: None (the engine's default) or a finite number of GiB > 0."""
+    if gib is not None and (
+        isinstance(gib, bool) or not isinstance(gib, int | float) or not math.isfinite(gib) or gib <= 0
+    ):
+        raise ConfigError(f"RunSpec.engine_memory_gib must be a finite number of GiB > 0, got {gib!r}")
 
 
 def _text(value: Any) -> str:

@@ -134,6 +134,9 @@ class RolloutConfig:
     """vLLM server URL(s), comma-separated: rollouts come from them instead of the embedded engine, and
     the new weights are pushed to them before each step's rollouts (start them with
     ``agentboost serve-vllm --weight-sync``; see docs/vllm.md)."""
+    engine_memory_gib: float | None = None
+    """GiB of KV the embedded engine may hold: its running batch and prefix cache together (None: the
+    engine's 2 GiB). A smaller budget runs fewer rollouts' decode steps at once, never different ones."""
 
     def problems(self) -> list[str]:
         environments = "(or null for the environment's)"
@@ -161,6 +164,11 @@ class RolloutConfig:
                 (
                     self.timeout_s is None or self.timeout_s > 0,
                     "rollout.timeout_s must be > 0 (or null for the environment's)",
+                ),
+                (
+                    self.engine_memory_gib is None
+                    or (math.isfinite(self.engine_memory_gib) and self.engine_memory_gib > 0),
+                    "rollout.engine_memory_gib must be a finite number of GiB > 0 (or null for 2 GiB)",
                 ),
             ]
         )

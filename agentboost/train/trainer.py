@@ -110,7 +110,12 @@ class Trainer(TrainingLoop):
         else:
             from agentboost.engines.local import LocalEngine
 
-            self.engine = LocalEngine(self.model, max_batch_size=max(1, config.rollout.concurrency))
+            budget = config.rollout.engine_memory_gib
+            self.engine = LocalEngine(
+                self.model,
+                max_batch_size=max(1, config.rollout.concurrency),
+                **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
+            )
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
             self.environment.tasks(

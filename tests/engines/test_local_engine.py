@@ -119,3 +119,22 @@ def test_sampling_params_and_the_token_budget_are_validated(random_qwen3):
         with pytest.raises(ConfigError, match="max_new_tokens"):
             run(engine.generate([1, 2, 3], SamplingParams(temperature=0), max_new_tokens=budget))
     engine.close()
+
+
+@pytest.mark.filterwarnings("error::FutureWarning")
+def test_the_engine_uses_the_cache_argument_its_transformers_names(random_qwen3):
+    """transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns, then goes in 5.40):
+    a warning in the scheduler would crash the engine here, on every version CI and users install."""
+    engine = LocalEngine(random_qwen3)
+    first_prompt = list(range(100, 140))
+
+    async def main():
+        greedy = SamplingParams(temperature=0.0)
+        first = await engine.generate(first_prompt, greedy, max_new_tokens=8)
+        return await engine.generate(first_prompt + first.token_ids + [5, 6, 7], greedy, max_new_tokens=8)
+
+    try:
+        second = run(main())
+    finally:
+        engine.close()
+    assert second.metrics["prompt_cached_tokens"] > 0  # the cached-prefix path ran too

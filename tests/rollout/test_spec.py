@@ -60,6 +60,7 @@ CHANGES = {
     "read_timeout_s": 30.0,
     "connect_timeout_s": 2.0,
     "server_down_timeout_s": 0.0,
+    "engine_memory_gib": 1.5,
 }
 """One other value per field: a new field must be listed here, deciding whether a resume compares it."""
 
@@ -104,6 +105,9 @@ def test_a_spec_round_trips_through_json_as_workers_receive_it():
         ({"tasks": 10**9}, "RunSpec.tasks must be at most 1,000,000"),
         ({"concurrency": 10**8}, "RunSpec.concurrency must be at most 4,096"),
         ({"read_timeout_s": float("nan")}, "RunSpec.read_timeout_s must be a finite number"),
+        ({"engine_memory_gib": float("nan")}, "RunSpec.engine_memory_gib must be a finite number of GiB > 0"),
+        ({"engine_memory_gib": float("inf")}, "RunSpec.engine_memory_gib must be a finite number of GiB > 0"),
+        ({"engine_memory_gib": -1.0}, "RunSpec.engine_memory_gib must be a finite number of GiB > 0"),
     ],
 )
 def test_a_bad_setting_is_refused_when_the_spec_is_built(changes, message):
@@ -119,7 +123,8 @@ def test_the_change_table_covers_every_field_and_not_compared_is_derived_from_it
     assert set(CHANGES) == {field.name for field in dataclasses.fields(RunSpec)}
     recorded_not_compared = {"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"}
     server_timeouts = {"read_timeout_s", "connect_timeout_s", "server_down_timeout_s"}
-    assert recorded_not_compared | {"worker_setup_timeout_s"} | server_timeouts == NOT_COMPARED
+    engine_sizes = {"engine_memory_gib"}
+    assert recorded_not_compared | {"worker_setup_timeout_s"} | server_timeouts | engine_sizes == NOT_COMPARED
 
 
 @pytest.mark.parametrize("name", sorted(CHANGES))
