@@ -209,7 +209,8 @@ class Server:
             VLLMServerConfig(model=self.model_dir, python=self.python, cpus=cpus, weight_sync=True)
         )
         self.url = server.start()
-        self.pid = server._process.pid
+        assert server.process is not None
+        self.pid = server.process.pid
         self._stop = server.stop
 
     def _start_plain(self, cpus: str) -> None:
