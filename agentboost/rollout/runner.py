@@ -256,10 +256,11 @@ def in_process(
 ) -> Execute:
     """Run each job as a coroutine in this process's event loop."""
     base = sampling if sampling is not None else SamplingParams()
+    outage = getattr(engine, "outage", None)  # remote engines: every server down past the budget
 
     async def execute(job: Job) -> RolloutResult:
         task = Task.from_dict(job.task)
-        return await environment.rollout(
+        result = await environment.rollout(
             task,
             engine,
             tokenizer,
@@ -268,6 +269,11 @@ def in_process(
             template=template,
             sample=job.sample,
         )
+        if outage is not None and result.termination is TerminationReason.ENGINE_ERROR:
+            down = outage()
+            if down is not None:  # the run stops here; this rollout is not recorded, a resume runs it
+                raise down
+        return result
 
     return execute
 
