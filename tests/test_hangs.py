@@ -136,7 +136,10 @@ def test_retries_0_sends_no_request_twice(say, tokenizer_dir, tmp_path):
     assert result.trajectory.termination.value == "engine_error" and result.attempts == 1
 
 
-def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(say, tokenizer_dir, tmp_path):
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["in-process", "workers"])
+def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(
+    say, tokenizer_dir, tmp_path, workers
+):
     """The server goes away mid-run: once `--server-down-timeout` is spent the run stops (no rollout
     failed one by one), says so once naming the server and the option, and a resume continues."""
     from agentboost.engines.faults import FaultConfig
@@ -148,7 +151,7 @@ def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(say,
     out = tmp_path / "r.jsonl"
     command = [sys.executable, "-m", "agentboost.cli", "rollout", "--engine", "sglang", "--url", served.url]
     command += ["--model", str(tokenizer_dir), "-n", "1000", "--concurrency", "4"]
-    command += ["--server-down-timeout", "2", "--out", str(out)]
+    command += ["--server-down-timeout", "2", "--out", str(out), *workers]
     process = subprocess.Popen(
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
