@@ -145,8 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_OWN_CTRL_C = {"serve", "serve-vllm", "gateway", "mcp"}
+"""Commands that handle Ctrl-C themselves (a server stops, the gateway writes its sessions)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None and args.command not in _OWN_CTRL_C:
+        from agentboost.interrupts import install
+
+        install()  # Ctrl-C ends the command promptly whatever the load; twice: at once
     try:
         return int(args.func(args) or 0)
     except AgentBoostError as error:

@@ -11,14 +11,22 @@ import math
 from collections.abc import Callable
 
 MAX_TASKS = 1_000_000
-"""-n: a run's tasks are built and held in memory before it starts (split a bigger run with --seed)."""
+"""-n. Tasks are made as a run takes them (memory does not grow with -n), but a resume makes every
+task once more to check its file against them, and the repeated-id check
+(:class:`~agentboost.rollout.runner.SeenIds`, a fixed 16 MiB) is sized for a million ids: beyond
+that its false alarms, each confirmed by another pass, would make a run crawl."""
 MAX_SAMPLES = 10_000
-"""--samples: rollouts per task."""
+"""--samples: rollouts per task. Memory does not grow with it (a task's samples are made as lanes
+take them); the limit refuses a slip of the keyboard: pass@k and GRPO groups stop informing long
+before 10,000, and ``eval`` reports hold every result."""
 MAX_CONCURRENCY = 4_096
 """--concurrency: rollouts in flight at once, each holding its conversation and a slot of the engine."""
 
 
-TASKS_WHY = " (a run's tasks are held in memory; split a bigger run into several with --seed)"
+TASKS_WHY = (
+    " (a resume checks its file against every task, and the check for repeated task ids is sized "
+    "for a million; split a bigger run into several with --seed)"
+)
 
 
 def count(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:

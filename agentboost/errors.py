@@ -22,6 +22,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │   │   └── EngineRateLimitedError    HTTP 429 until the retry budget ran out (also a RemoteEngineError)
     │   └── RemoteEngineError             an SGLang / vLLM / `agentboost serve` request failed
     │       ├── EngineConnectionError     unreachable, or the connection dropped
+    │       │   └── ServersDownError      every server down for the whole server-down budget: a run stops
     │       ├── EngineTimeoutError        no answer in time
     │       ├── EngineServerError         HTTP 5xx or aborted requests
     │       ├── EngineResponseError       a malformed or truncated answer
@@ -151,6 +152,11 @@ class RemoteEngineError(EngineError):
 
 class EngineConnectionError(RemoteEngineError):
     """The server could not be reached, or it dropped the connection, on every attempt."""
+
+
+class ServersDownError(EngineConnectionError):
+    """Every server has refused connections for the whole server-down budget: a run stops there (its
+    results so far are kept, and running the same command again resumes it)."""
 
 
 class EngineTimeoutError(RemoteEngineError):

@@ -43,3 +43,16 @@ def resident_bytes() -> int:
         return 0
 
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident_bytes(pid: int | None = None) -> int:
+    """The peak resident set size (VmHWM) of process ``pid`` (default: this one) in bytes; 0 where
+    /proc is missing."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -134,3 +134,42 @@ def test_retries_0_sends_no_request_twice(say, tokenizer_dir, tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     [result] = list(read_results(tmp_path / "r.jsonl"))
     assert result.trajectory.termination.value == "engine_error" and result.attempts == 1
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["in-process", "workers"])
+def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(
+    say, tokenizer_dir, tmp_path, workers
+):
+    """The server goes away mid-run: once `--server-down-timeout` is spent the run stops (no rollout
+    failed one by one), says so once naming the server and the option, and a resume continues."""
+    from agentboost.engines.faults import FaultConfig
+
+    served = BackgroundServer(
+        ScriptedEngine([say("Answer: 7")], cycle=True),
+        faults=FaultConfig(probabilities={"slow": 1.0}, slow_delay_s=0.05),
+    )
+    out = tmp_path / "r.jsonl"
+    command = [sys.executable, "-m", "agentboost.cli", "rollout", "--engine", "sglang", "--url", served.url]
+    command += ["--model", str(tokenizer_dir), "-n", "1000", "--concurrency", "4"]
+    command += ["--server-down-timeout", "2", "--out", str(out), *workers]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() or len(out.read_text().splitlines()) < 6:  # the header and 5 results
+            assert process.poll() is None, process.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no results were written"
+            time.sleep(0.05)
+    finally:
+        served.close()
+    status, _, err = finish(process)
+    # before the fix: ~12 minutes of rollouts failing one by one
+    assert status == 2, err[-2000:]
+    assert "Traceback" not in err and "Unclosed" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("agentboost: error: ")]
+    assert len(errors) == 1, err[-2000:]
+    assert served.url in errors[0] and "--server-down-timeout" in errors[0]
+    results = list(read_results(out))
+    assert 5 <= len(results) < 50  # what was written before the outage, no flood of failures
+    assert sum(result.failed for result in results) <= 4  # at most the rollouts in flight

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,63 @@ def test_sft_on_binary_data_is_one_line(workdir):
     (workdir / "junk.jsonl").write_bytes(bytes(range(256)) * 4)
     error = one_error(agentboost("sft", "--data", "junk.jsonl", cwd=workdir))
     assert "junk.jsonl:1 is not JSON" in error
+
+
+def _drop_to_nobody():
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def _unprivileged():
+    """How to run the command so that permissions bind (as root every check passes): as nobody
+    (65534) when nobody can run this Python, else as root without the capabilities that bypass file
+    permissions (setpriv); None where neither is possible."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        probe = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=_drop_to_nobody, timeout=60)
+        if probe.returncode == 0:
+            return {"preexec_fn": _drop_to_nobody}
+    except OSError:
+        pass  # e.g. the interpreter lives under /root, which nobody cannot enter
+    if shutil.which("setpriv"):
+        drop = "-dac_override,-dac_read_search"
+        return {"prefix": ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}"]}
+    return None
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "r.jsonl", "--format", "parquet", "-o", "locked/out.parquet"],
+        ["data", "to-verl", "-n", "2", "--out", "locked/out.parquet"],
+    ],
+    ids=["export", "to-verl"],
+)
+def test_parquet_into_a_read_only_directory_is_one_line_as_an_unprivileged_user(results, command):
+    import tempfile
+
+    how = _unprivileged()
+    if how is None:
+        pytest.skip("running as root with no way to drop privileges (no nobody-readable Python, no setpriv)")
+    with tempfile.TemporaryDirectory() as directory:  # /tmp, not pytest's root-only folder
+        workdir = Path(directory)
+        workdir.chmod(0o755)
+        (workdir / "r.jsonl").write_bytes(results.read_bytes())
+        (workdir / "r.jsonl").chmod(0o644)
+        (workdir / "locked").mkdir(mode=0o555)  # owned by root, writable by nobody
+        pythonpath = os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])
+        done = subprocess.run(
+            [*how.get("prefix", []), sys.executable, "-m", "agentboost.cli", *command],
+            capture_output=True,
+            text=True,
+            cwd=workdir,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": pythonpath, "HF_HUB_OFFLINE": "1", "HOME": directory},
+            preexec_fn=how.get("preexec_fn"),
+        )
+        assert "No module named" not in done.stderr, "the unprivileged child cannot import agentboost"
+        line = one_error(done)
+        assert "locked" in line and "Permission denied" in line, line
+        assert list((workdir / "locked").iterdir()) == []

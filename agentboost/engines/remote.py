@@ -26,6 +26,7 @@ from agentboost.errors import (
     EngineConnectionError,
     EngineError,
     EngineRequestError,
+    ServersDownError,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,11 @@ class RemoteEngine:
     @property
     def urls(self) -> list[str]:
         return self._client.urls
+
+    def outage(self) -> ServersDownError | None:
+        """The error a run stops with once every server has refused connections for the whole
+        server-down budget; None while one answers or the budget lasts."""
+        return self._client.outage()
 
     def in_flight(self) -> dict[str, int]:
         """Requests in flight per server URL (what least-loaded routing compares)."""

@@ -105,5 +105,9 @@ class ServerPool:
         """Seconds every server has been unreachable (0 while one answers)."""
         return 0.0 if self.all_down_since is None else time.monotonic() - self.all_down_since
 
+    def down_past(self, budget_s: float) -> bool:
+        """Whether every server has been unreachable for at least ``budget_s`` seconds."""
+        return self.all_down_since is not None and self.down_for() >= budget_s
+
     def in_flight(self) -> dict[str, int]:
         return {s.url: s.in_flight for s in self.servers}

@@ -46,6 +46,7 @@ from agentboost.errors import (
     EngineTimeoutError,
     RemoteEngineError,
     ResponseFormatError,
+    ServersDownError,
 )
 
 logger = logging.getLogger(__name__)
@@ -278,8 +279,8 @@ class HttpClient:
                 if failure.kind == "connect":
                     avoid.add(server.index)
                     self.pool.mark_unreachable(server)
-                    if self.pool.down_for() >= policy.down_budget_s:
-                        raise self._exhausted(failure, server.url, attempts, started, "down_budget_s")
+                    if self.pool.down_past(policy.down_budget_s):
+                        raise self._servers_down(failure.detail, server.url, attempts)
                     if len(avoid) == len(self.pool.servers):
                         avoid.clear()  # every server refused: wait for one to come back
                 if failure.budget_cut and previous is not None:
@@ -446,17 +447,6 @@ class HttpClient:
         )
         kind = self.server_kind
         error_class: type[RemoteEngineError]
-        if limit == "down_budget_s":
-            count = len(self.pool.servers)
-            who = f"every one of the {count} {kind} servers" if count > 1 else f"{kind} server {url}"
-            return EngineConnectionError(
-                f"{who} has refused connections for {self.pool.down_for():.0f} s ({failure.detail}); "
-                f"giving up (the server-down budget is {policy.down_budget_s:g} s). Restart the server and "
-                "resume the run.",
-                url=url,
-                status=None,
-                attempts=attempts,
-            )
         if failure.kind == "connect":
             error_class = EngineConnectionError
             text = (
@@ -494,6 +484,29 @@ class HttpClient:
                 f"{kind} server {url} failed the request ({status}{failure.detail}). Check the server's log."
             )
         return error_class(text + tail, url=url, status=failure.status, attempts=attempts)
+
+    def outage(self) -> ServersDownError | None:
+        """The error requests fail with now if every server has refused connections for the whole
+        server-down budget (a run stops on it); None while one answers or the budget lasts."""
+        return (
+            self._servers_down(None, self.pool.servers[0].url, 0)
+            if self.pool.down_past(self.retry.down_budget_s)
+            else None
+        )
+
+    def _servers_down(self, detail: str | None, url: str, attempts: int) -> ServersDownError:
+        urls = [server.url for server in self.pool.servers]
+        kind = self.server_kind
+        who = f"every one of the {len(urls)} {kind} servers" if len(urls) > 1 else f"{kind} server {url}"
+        why = "; ".join(([", ".join(urls)] if len(urls) > 1 else []) + ([detail] if detail else []))
+        return ServersDownError(
+            f"{who} has refused connections for {self.pool.down_for():.0f} s{f' ({why})' if why else ''}; "
+            f"giving up (the server-down budget, --server-down-timeout, is {self.retry.down_budget_s:g} s). "
+            "Restart the server and resume the run: the results so far are kept.",
+            url=url,
+            status=None,
+            attempts=attempts,
+        )
 
     async def aclose(self) -> None:
         """Close every session: awaited in the running loop, scheduled in other live loops.

@@ -6,14 +6,17 @@ Tasks are generated offline and deterministically from a seed; a model answers w
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.envs.base import Environment, Episode, Task
 from agentboost.envs.calculator import calculator
+from agentboost.envs.task import GeneratedTasks
 from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import Trajectory
 
@@ -46,7 +49,12 @@ _LARGEST_DIVISOR = 99
 
 
 def generate_tasks(n: int, *, seed: int = 0, difficulty: int = 1) -> list[Task]:
-    """``n`` problems, the same for the same ``seed`` and ``difficulty``; a smaller ``n`` gives a prefix.
+    """``n`` problems as a list (see :func:`iter_tasks`)."""
+    return list(itertools.islice(iter_tasks(seed=seed, difficulty=difficulty), n))
+
+
+def iter_tasks(*, seed: int = 0, difficulty: int = 1) -> Iterator[Task]:
+    """Problems without end, made as they are taken: the same for the same ``seed`` and ``difficulty``.
 
     Each task's prompt is the question, its ground truth the exact integer answer, and its metadata
     the expression and the difficulty.
@@ -58,18 +66,14 @@ def generate_tasks(n: int, *, seed: int = 0, difficulty: int = 1) -> list[Task]:
         raise ConfigError(f"difficulty must be one of {sorted(_LEVELS)}, got {difficulty!r}")
     level = _LEVELS[difficulty]
     rng = random.Random(f"arithmetic:{difficulty}:{seed}")
-    tasks = []
-    for index in range(n):
+    for index in itertools.count():
         expression, answer, _ = _random_expression(rng, level, level.operations)
-        tasks.append(
-            Task(
-                id=f"arith-d{difficulty}-s{seed}-{index}",
-                prompt=f"What is {expression}?",
-                ground_truth=answer,
-                metadata={"expression": expression, "difficulty": difficulty},
-            )
+        yield Task(
+            id=f"arith-d{difficulty}-s{seed}-{index}",
+            prompt=f"What is {expression}?",
+            ground_truth=answer,
+            metadata={"expression": expression, "difficulty": difficulty},
         )
-    return tasks
 
 
 _ANSWER_LINE = re.compile(r"\banswer(?:\*\*)?\s*:(?P<rest>[^\n]*)", re.IGNORECASE)
@@ -170,12 +174,17 @@ class ArithmeticEnvironment(Environment):
     def tools(self, episode: Episode) -> list[Any]:
         return [calculator]  # stateless: one object serves every rollout
 
-    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> GeneratedTasks:
         # splits draw from disjoint seed streams, so held-out tasks never repeat training ones
         offset = {"train": 0, "test": 1_000_003, "validation": 2_000_006}.get(split)
         if offset is None:
             raise ConfigError(f"unknown split {split!r}; use train, test or validation")
-        return generate_tasks(64 if n is None else n, seed=seed + offset, difficulty=self.difficulty)
+        if self.difficulty not in _LEVELS:
+            raise ConfigError(f"difficulty must be one of {sorted(_LEVELS)}, got {self.difficulty!r}")
+        return GeneratedTasks(
+            64 if n is None else n,
+            lambda: iter_tasks(seed=seed + offset, difficulty=self.difficulty),
+        )
 
     def reward(self, trajectory: Trajectory, episode: Episode) -> float:
         return exact_answer_reward(trajectory.final_text, episode.task.ground_truth)

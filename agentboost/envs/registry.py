@@ -10,7 +10,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agentboost.envs.base import Environment
@@ -103,7 +103,7 @@ def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) ->
         ) from error
 
 
-def environment_tasks(environment: Environment, n: int | None, *, seed: int, split: str) -> list[Any]:
+def environment_tasks(environment: Environment, n: int | None, *, seed: int, split: str) -> Iterable[Any]:
     """``environment.tasks(...)``; an exception from the environment's code becomes one ConfigError."""
     try:
         return environment.tasks(n, seed=seed, split=split)

@@ -9,10 +9,11 @@ fields are JSON text so every parquet reader, veRL's included, reads them withou
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from agentboost.errors import ConfigError
 
@@ -134,3 +135,46 @@ class Task:
                     ) from error
             decoded[key] = value
         return cls.from_dict(decoded)
+
+
+class GeneratedTasks(Sequence[Task]):
+    """``count`` tasks made one at a time as they are iterated, never all held: what a generated
+    environment's ``tasks()`` returns, so a run of a million tasks holds only those in flight.
+
+    ``make()`` yields the tasks in order and must yield the same ones each time (each pass, e.g. a
+    resume's check and then the run, calls it again). ``len()`` is ``count``; indexing and slicing
+    work (they iterate up to the index), so code written for lists keeps working.
+    """
+
+    def __init__(self, count: int, make: Callable[[], Iterator[Task]]) -> None:
+        self.count = count
+        self._make = make
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Task]:
+        yield from itertools.islice(self._make(), self.count)
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Task]: ...
+
+    def __getitem__(self, index: int | slice) -> Task | list[Task]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.count)
+            if step < 0:
+                return list(self)[index]
+            return list(itertools.islice(self, start, stop, step))
+        position = index + self.count if index < 0 else index
+        if not 0 <= position < self.count:
+            raise IndexError(f"task index {index} out of range for {self.count} tasks")
+        for number, task in enumerate(self):
+            if number == position:
+                return task
+        raise IndexError(f"task index {index}: the generator stopped early")
+
+    def __repr__(self) -> str:
+        return f"GeneratedTasks({self.count})"

@@ -178,8 +178,9 @@ async def evaluate_run(
     summary = await run_rollouts_async(
         run, out, fresh=fresh, allow_different=allow_different, only_planned=False, progress=progress
     )
-    plan = run.plan
-    results = [r for r in read_results(out) if (r.task_id, r.sample) in plan]
+    everything = list(read_results(out))
+    planned = run.plan.within({(r.task_id, r.sample) for r in everything})
+    results = [r for r in everything if (r.task_id, r.sample) in planned]
     report = build_report(results, samples=run.spec.samples, threshold=threshold, run=run.identity)
     report["results"] = str(out)
     return report, summary

@@ -24,7 +24,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,30 +42,52 @@ _HEADER_LIMIT = 1 << 20
 _KEY_PREFIX = re.compile(r'^\{"task_id": ("(?:[^"\\]|\\.)*"), "sample": (-?\d+)')
 
 
-class Plan(Collection[Key]):
-    """The (task_id, sample) pairs of a run, held as its task ids and sample count.
+class Plan:
+    """The (task_id, sample) pairs of a run: its task ids and its sample count.
 
-    Memory grows with the number of tasks, not tasks x samples: a run of a million tasks at
-    ``--samples 8`` holds a million ids, not eight million pairs.
+    ``task_ids`` is a collection, or a function that makes them again for each check (a run's
+    :class:`~agentboost.rollout.runner.RunTasks`), so a plan of a million tasks holds none of them:
+    :meth:`within` answers for a set of pairs in one pass. ``count`` is the number of tasks when known.
     """
 
-    def __init__(self, task_ids: Collection[str], samples: int) -> None:
-        self.task_ids = frozenset(task_ids)
+    def __init__(
+        self,
+        task_ids: Collection[str] | Callable[[], Iterable[str]],
+        samples: int,
+        *,
+        count: int | None = None,
+    ) -> None:
+        if callable(task_ids):
+            self._task_ids = task_ids
+            self.count = count
+        else:
+            held = frozenset(task_ids)
+            self._task_ids = lambda: held
+            self.count = len(held)
         self.samples = samples
 
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        task_id, sample = key
-        return task_id in self.task_ids and isinstance(sample, int) and 0 <= sample < self.samples
+    @property
+    def size(self) -> int | None:
+        """Rollouts in the run (None when the environment's tasks have no length)."""
+        return None if self.count is None else self.count * self.samples
 
-    def __len__(self) -> int:
-        return len(self.task_ids) * self.samples
-
-    def __iter__(self) -> Iterator[Key]:
-        for task_id in self.task_ids:
-            for sample in range(self.samples):
-                yield task_id, sample
+    def within(self, keys: Iterable[Key]) -> set[Key]:
+        """Those of ``keys`` that are pairs of this run (one pass over its tasks)."""
+        wanted: dict[str, list[Key]] = {}
+        for key in keys:
+            task_id, sample = key
+            if isinstance(sample, int) and 0 <= sample < self.samples:
+                wanted.setdefault(task_id, []).append(key)
+        found: set[Key] = set()
+        if not wanted:
+            return found
+        for task_id in self._task_ids():
+            pairs = wanted.pop(task_id, None)
+            if pairs is not None:
+                found.update(pairs)
+                if not wanted:
+                    break
+        return found
 
 
 class LegacyResultsError(ConfigError):
@@ -175,7 +197,7 @@ class ResultStore:
 
     ``identity`` describes the run (see the module docstring); resuming a file whose recorded
     identity differs raises a ConfigError listing the differences, unless ``allow_different``.
-    ``plan`` is the set of (task_id, sample) pairs this run is made of: a resumed line outside it is
+    ``plan`` is the :class:`Plan` of (task_id, sample) pairs this run is made of: a resumed line outside it is
     refused. ``redo_failed`` (the default) leaves failed rollouts out of :attr:`done` so they run again.
     """
 
@@ -187,7 +209,7 @@ class ResultStore:
         fsync: bool = True,
         identity: Mapping[str, Any] | None = None,
         allow_different: bool = False,
-        plan: Collection[Key] | None = None,
+        plan: Plan | None = None,
         redo_failed: bool = True,
         environment_name: str | None = None,
     ) -> None:
@@ -195,7 +217,9 @@ class ResultStore:
         self.fsync = fsync
         self.identity = dict(identity or {})
         self.done: set[Key] = set()
-        """Pairs finished in the file (failed ones excluded when ``redo_failed``)."""
+        """Pairs finished in the file when it was opened (failed ones excluded when ``redo_failed``)."""
+        self.written = 0
+        """Results written since."""
         self.failed: set[Key] = set()
         """Pairs whose last line in the file is a failed rollout."""
         self.torn_bytes = 0
@@ -279,17 +303,12 @@ class ResultStore:
             raise UserPathError.from_os_error(self.path, error, "resume") from error
         return size - keep
 
-    def _scan(
-        self, plan: Collection[Key] | None, redo_failed: bool, environment_name: str | None, length: int
-    ) -> None:
+    def _scan(self, plan: Plan | None, redo_failed: bool, environment_name: str | None, length: int) -> None:
         """Validate every complete line (the first ``length`` bytes); fill :attr:`done` and :attr:`failed`.
 
         Reads only: nothing is cut or written until the whole file is found to be this run's."""
         last_ok: dict[Key, bool] = {}
         where: dict[Key, int] = {}
-        plan_tasks = (
-            plan.task_ids if isinstance(plan, Plan) else {task_id for task_id, _ in plan} if plan else None
-        )
         with open(self.path, "rb") as handle:
             consumed = len(handle.readline())  # the header
             for number, raw in enumerate(handle, start=2):
@@ -324,18 +343,8 @@ class ResultStore:
                         f"{at} is a result of environment {line_environment!r}, not {environment_name!r}; "
                         "results of different environments cannot share a file"
                     )
-                if plan is not None and key not in plan:
-                    recorded = self.header["run"] if self.header else {}
-                    what = (
-                        f"task {key[0]!r} is not one of this run's tasks"
-                        if key[0] not in plan_tasks
-                        else f"sample {key[1]} of task {key[0]!r} is beyond this run's samples"
-                    )
-                    raise ConfigError(
-                        f"{at}: {what} (the file was written with -n {recorded.get('tasks')} "
-                        f"--samples {recorded.get('samples')}); use the same -n and --samples or larger, "
-                        "or choose another --out"
-                    )
+                if plan is not None and not 0 <= key[1] < plan.samples:
+                    self._outside(at, f"sample {key[1]} of task {key[0]!r} is beyond this run's samples")
                 ok = not result.failed
                 if last_ok.get(key):
                     raise ConfigError(
@@ -344,8 +353,21 @@ class ResultStore:
                     )
                 last_ok[key] = ok
                 where[key] = number
+        if plan is not None and last_ok:  # one pass over the run's tasks, none of them held
+            outside = last_ok.keys() - plan.within(last_ok)
+            if outside:
+                key = min(outside, key=where.__getitem__)
+                self._outside(f"{self.path}:{where[key]}", f"task {key[0]!r} is not one of this run's tasks")
         self.failed = {key for key, ok in last_ok.items() if not ok}
         self.done = {key for key, ok in last_ok.items() if ok or not redo_failed}
+
+    def _outside(self, at: str, what: str) -> None:
+        recorded = self.header["run"] if self.header else {}
+        raise ConfigError(
+            f"{at}: {what} (the file was written with -n {recorded.get('tasks')} "
+            f"--samples {recorded.get('samples')}); use the same -n and --samples or larger, "
+            "or choose another --out"
+        )
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -368,7 +390,7 @@ class ResultStore:
         if key in self.done:
             raise ConfigError(f"result for task {key[0]!r} sample {key[1]} is already in {self.path}")
         self._append((json.dumps(result.to_dict(), ensure_ascii=False) + "\n").encode("utf-8"))
-        self.done.add(key)
+        self.written += 1  # not added to done: memory stays bounded however many are written
         self.failed.discard(key)
         if result.failed:
             self.failed.add(key)

@@ -33,7 +33,8 @@ class PreparedRun:
 
     spec: RunSpec
     environment: Any
-    tasks: list[Any]
+    tasks: Any
+    """A :class:`~agentboost.rollout.runner.RunTasks`: made as the run takes them, never all held."""
     limits: Any
     servers: list[dict[str, Any]] = field(default_factory=list)
     """What the remote servers said they are (version, model, dtype, logprobs); [] for the local engine."""
@@ -44,7 +45,7 @@ class PreparedRun:
         return self.spec.identity(
             environment_name=self.environment.name,
             limits=self.limits,
-            tasks=len(self.tasks),
+            tasks=self.tasks.count if self.tasks.count is not None else self.spec.tasks,
             servers=self.servers,
         )
 
@@ -61,11 +62,9 @@ class PreparedRun:
         )
 
     @property
-    def plan(self) -> set[tuple[str, int]]:
-        """The (task_id, sample) pairs of the run; ConfigError for two tasks with one id."""
-        from agentboost.rollout.runner import plan_keys
-
-        return plan_keys(self.environment, self.tasks, self.config(progress=False))
+    def plan(self) -> Any:
+        """The run's :class:`~agentboost.rollout.results.Plan`; it holds no task (each check is a pass)."""
+        return self.tasks.plan(self.spec.samples)
 
 
 async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None) -> PreparedRun:
@@ -85,15 +84,18 @@ async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None
         sampling=spec.sampling(),
         options=spec.engine_options(),
     )
-    from agentboost.envs.registry import environment_tasks, make_environment
+    from agentboost.envs.registry import make_environment
     from agentboost.models.weights import DEFAULT_MODEL, resolve_model
+    from agentboost.rollout.runner import RunTasks
 
     environment = make_environment(spec.environment, spec.environment_kwargs)
     limits = spec.resolve_limits(environment.limits)
     if say is not None:
         say(f"{environment.name}: limits per rollout: {limits.summary()}")
-    tasks = list(environment_tasks(environment, spec.tasks, seed=spec.seed, split=spec.split))
-    if not tasks:
+    tasks = RunTasks(
+        environment, lambda: environment.tasks(spec.tasks, seed=spec.seed, split=spec.split), limit=spec.tasks
+    )
+    if tasks.count == 0 or (tasks.count is None and next(iter(tasks), None) is None):
         raise ConfigError(f"environment {spec.environment!r} has no tasks in split {spec.split!r}")
     if spec.model.lower() not in {DEFAULT_MODEL, "default"}:  # the default is pulled on first use
         resolve_model(spec.model)
@@ -176,12 +178,12 @@ async def run_rollouts_async(
             say(f"cut a torn last line ({store.torn_bytes} bytes) from {out}")
         if store.differences:
             say(f"resuming {out} with other settings: {'; '.join(store.differences)}")
-        redo = sum(key in plan for key in store.failed) if redo_failed else 0
+        redo = len(plan.within(store.failed)) if redo_failed and store.failed else 0
         if redo:
             say(f"running {redo} failed rollouts of {out} again")
         async with executing(run) as execute:
             return await run_jobs(
-                iter_jobs(run.environment, run.tasks, config), execute, store, config, total=len(plan)
+                iter_jobs(run.environment, run.tasks, config), execute, store, config, total=plan.size
             )
 
 

@@ -8,11 +8,12 @@ retry policy, the results file and the progress bar. Execution is pluggable: in 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError, WorkerCrashed
+from agentboost.errors import AgentBoostError, ConfigError, WorkerCrashed
 from agentboost.rollout.results import Plan, ResultStore
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
@@ -102,23 +103,134 @@ def job_seed(base: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{base}:{task_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
-def plan_keys(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Plan:
-    """The (task_id, sample) pairs of a run; raises ConfigError for a non-Task or two tasks with one id."""
-    task_ids: set[str] = set()
-    for task in tasks:
-        if not isinstance(task, Task):
+class RunTasks(Iterable[Task]):
+    """A run's tasks as its environment makes them: checked as they are made (agentboost Tasks, unique
+    ids), never all held at once, so memory does not grow with ``-n``.
+
+    ``make()`` calls the environment's ``tasks()``. What it returns is iterated again for each pass
+    when it can be (a list, :class:`~agentboost.envs.task.GeneratedTasks`); a generator is asked for
+    again (an environment's tasks are the same for the same arguments: resuming relies on it).
+    A run takes at most ``limit`` tasks (``-n``) however many the environment makes. ``count`` is
+    the number of tasks when the environment's answer has a length, else None.
+    """
+
+    def __init__(
+        self, environment: Environment, make: Callable[[], Iterable[Task]], *, limit: int | None = None
+    ) -> None:
+        self.environment = environment
+        self._make = make
+        self._limit = limit
+        self._kept: Iterable[Task] | None = self._call(make)
+        self.count: int | None = None
+        if isinstance(self._kept, Sized):
+            self.count = len(self._kept) if limit is None else min(limit, len(self._kept))
+
+    def _call(self, make: Callable[[], Iterable[Task]]) -> Iterable[Task]:
+        try:
+            tasks = make()
+        except AgentBoostError:
+            raise
+        except Exception as error:
+            raise self._raised(error) from error
+        if not isinstance(tasks, Iterable) or isinstance(tasks, str | bytes | Mapping):
             raise ConfigError(
-                f"{type(environment).__name__}.tasks() must return agentboost Task objects, "
-                f"got {type(task).__name__}"
+                f"{type(self.environment).__name__}.tasks() must return Task objects (a list or a "
+                f"generator), got {type(tasks).__name__}"
             )
-        task_id = task.id
-        if task_id in task_ids:
-            raise ConfigError(f"two tasks share the id {task_id!r}; task ids must be unique to resume")
-        task_ids.add(task_id)
-    return Plan(task_ids, config.samples)
+        return tasks
+
+    def _raised(self, error: Exception) -> ConfigError:
+        name = type(self.environment).__name__
+        return ConfigError(f"{name}.tasks() raised {type(error).__name__}: {error}")
+
+    def _source(self) -> Iterator[Task]:
+        """A fresh pass over the environment's tasks, unchecked."""
+        kept = self._kept
+        if kept is not None and iter(kept) is kept:  # a generator: good for one pass only
+            self._kept = None
+            return kept  # type: ignore[return-value]
+        return iter(kept if kept is not None else self._call(self._make))
+
+    def __iter__(self) -> Iterator[Task]:
+        return self._checked(repeats=True)
+
+    def _checked(self, *, repeats: bool) -> Iterator[Task]:
+        """A pass over the tasks, each checked to be a Task, and (``repeats``) of an id not seen before."""
+        source = self._source()
+        seen = SeenIds() if repeats else None
+        for index in itertools.count() if self._limit is None else range(self._limit):
+            try:
+                task = next(source)
+            except StopIteration:
+                return
+            except AgentBoostError:
+                raise
+            except Exception as error:
+                raise self._raised(error) from error
+            if not isinstance(task, Task):
+                raise ConfigError(
+                    f"{type(self.environment).__name__}.tasks() must return agentboost Task objects, "
+                    f"got {type(task).__name__}"
+                )
+            if seen is not None:
+                if seen.maybe(task.id) and self._among_first(task.id, index):
+                    raise ConfigError(
+                        f"two tasks share the id {task.id!r}; task ids must be unique to resume"
+                    )
+                seen.add(task.id)
+            yield task
+
+    def _among_first(self, task_id: str, count: int) -> bool:
+        """Whether one of the first ``count`` tasks has id ``task_id`` (a fresh pass: exact)."""
+        return any(task.id == task_id for task in itertools.islice(self._source(), count))
+
+    def plan(self, samples: int) -> Plan:
+        """The run's pairs; each check is a pass over the tasks (the run's own pass checks for repeats)."""
+        return Plan(lambda: (task.id for task in self._checked(repeats=False)), samples, count=self.count)
 
 
-def iter_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> Iterator[Job]:
+class SeenIds:
+    """Which task ids a pass has seen, in a fixed 16 MiB: a Bloom filter (never a false "no"; a "maybe"
+    is confirmed exactly by the caller, about once in 10^8 ids when it is false), so checking a
+    million ids for repeats costs no more memory than checking ten."""
+
+    BITS = 1 << 27
+    HASHES = 6
+
+    def __init__(self) -> None:
+        self._bits: bytearray | None = None
+
+    def maybe(self, task_id: str) -> bool:
+        bits = self._bits
+        if bits is None:
+            return False
+        value = hash(task_id)  # salted per process, which is all one pass needs
+        first, second = value & 0xFFFFFFFF, ((value >> 32) & 0xFFFFFFFF) | 1
+        for number in range(self.HASHES):
+            position = (first + number * second) & (self.BITS - 1)
+            if not bits[position >> 3] & (1 << (position & 7)):
+                return False
+        return True
+
+    def add(self, task_id: str) -> None:
+        if self._bits is None:
+            self._bits = bytearray(self.BITS >> 3)
+        bits = self._bits
+        value = hash(task_id)
+        first, second = value & 0xFFFFFFFF, ((value >> 32) & 0xFFFFFFFF) | 1
+        for number in range(self.HASHES):
+            position = (first + number * second) & (self.BITS - 1)
+            bits[position >> 3] |= 1 << (position & 7)
+
+
+def plan_keys(environment: Environment, tasks: Iterable[Task], config: RunConfig) -> Plan:
+    """The (task_id, sample) pairs of a run, its task ids held; raises ConfigError for a non-Task or
+    two tasks with one id. (A run of any size uses :meth:`RunTasks.plan`, which holds none.)"""
+    tasks = tasks if isinstance(tasks, Collection) else list(tasks)
+    return Plan([task.id for task in RunTasks(environment, lambda: tasks)], config.samples)
+
+
+def iter_jobs(environment: Environment, tasks: Iterable[Task], config: RunConfig) -> Iterator[Job]:
     """Every (task, sample) pair, tasks in order, samples of a task together, made as they are needed."""
     for task in tasks:
         task_id = task.id
@@ -127,10 +239,10 @@ def iter_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig
             yield Job(task_id, payload, sample, job_seed(config.seed, task_id, sample))
 
 
-def plan_jobs(environment: Environment, tasks: Sequence[Task], config: RunConfig) -> list[Job]:
-    """:func:`iter_jobs` as a list, after checking that task ids are unique."""
-    plan_keys(environment, tasks, config)
-    return list(iter_jobs(environment, tasks, config))
+def plan_jobs(environment: Environment, tasks: Iterable[Task], config: RunConfig) -> list[Job]:
+    """:func:`iter_jobs` as a list, after checking the tasks (agentboost Tasks with unique ids)."""
+    tasks = tasks if isinstance(tasks, Collection) else list(tasks)
+    return list(iter_jobs(environment, RunTasks(environment, lambda: tasks), config))
 
 
 def in_process(
@@ -144,10 +256,11 @@ def in_process(
 ) -> Execute:
     """Run each job as a coroutine in this process's event loop."""
     base = sampling if sampling is not None else SamplingParams()
+    outage = getattr(engine, "outage", None)  # remote engines: every server down past the budget
 
     async def execute(job: Job) -> RolloutResult:
         task = Task.from_dict(job.task)
-        return await environment.run_episode(
+        result = await environment.run_episode(
             task,
             engine,
             tokenizer,
@@ -156,6 +269,11 @@ def in_process(
             template=template,
             sample=job.sample,
         )
+        if outage is not None and result.termination is TerminationReason.ENGINE_ERROR:
+            down = outage()
+            if down is not None:  # the run stops here; this rollout is not recorded, a resume runs it
+                raise down
+        return result
 
     return execute
 

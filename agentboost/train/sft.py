@@ -423,7 +423,7 @@ class SFTTrainer(TrainingLoop):
             if self.config.model.template is not None:
                 self._environment.template = self.config.model.template
             self._engine = LocalEngine(self.model, max_batch_size=max(1, evaluation.concurrency))
-        tasks = self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test")
+        tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()
         self.model.eval()
         results = collect_rollouts(

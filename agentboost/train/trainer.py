@@ -241,7 +241,9 @@ class Trainer(TrainingLoop):
     def evaluate(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Held-out mean reward of the current weights on ``split="test"``."""
         config = self.config
-        tasks = self.environment.tasks(config.eval.tasks, seed=config.environment.task_seed, split="test")
+        tasks = list(
+            self.environment.tasks(config.eval.tasks, seed=config.environment.task_seed, split="test")
+        )
         sampling = SamplingParams(
             temperature=config.eval.temperature,
             top_p=config.rollout.top_p if config.eval.temperature else 1.0,

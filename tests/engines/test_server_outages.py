@@ -19,7 +19,7 @@ from agentboost.engines.base import SamplingParams
 from agentboost.engines.server import start_server
 from agentboost.engines.sglang import SGLangEngine
 from agentboost.engines.transport import RetryPolicy
-from agentboost.errors import EngineConnectionError
+from agentboost.errors import EngineConnectionError, ServersDownError
 
 PROMPT = [5, 6, 7]
 SAMPLING = SamplingParams(temperature=0.0)
@@ -33,6 +33,7 @@ def test_when_every_server_is_down_all_requests_end_within_one_shared_budget_wit
     async def scenario():
         engine = SGLangEngine([dead_url(), dead_url()], retry=policy, context_length=64)
         views = [engine.bind(f"rollout-{n}") for n in range(20)]
+        assert engine.outage() is None  # nothing refused yet: a run does not stop
         started = time.monotonic()
         try:
             first = await asyncio.gather(
@@ -44,13 +45,16 @@ def test_when_every_server_is_down_all_requests_end_within_one_shared_budget_wit
                 *(v.generate(PROMPT, SAMPLING, max_new_tokens=BUDGET) for v in views), return_exceptions=True
             )
             later_s = time.monotonic() - started
+            stop = engine.outage()  # what a run stops with
         finally:
             await engine.aclose()
+        assert isinstance(stop, ServersDownError) and "--server-down-timeout" in str(stop)
+        assert all(url in str(stop) for url in engine.urls)
         return first, first_s, later, later_s
 
     with caplog.at_level(logging.WARNING, logger="agentboost"):
         first, first_s, later, later_s = run(scenario())
-    assert all(isinstance(error, EngineConnectionError) for error in first + later)
+    assert all(isinstance(error, ServersDownError) for error in first + later)
     assert first_s < budget + 1.0  # one outage clock for all twenty, not a budget each
     assert later_s < 0.5  # once the budget is spent, a request gives up after one refused connection
     message = str(later[0])

@@ -206,7 +206,7 @@ def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_t
                             plan_jobs(environment, environment.tasks(8), config), pool.execute, store, config
                         )
                     )
-                    while not any(w.in_flight for w in pool.workers) or len(store.done) < 1:
+                    while not any(w.in_flight for w in pool.workers) or store.written < 1:
                         await asyncio.sleep(0.05)
                     victim = max(pool.workers, key=lambda w: len(w.in_flight))
                     in_flight = len(victim.in_flight)

@@ -93,3 +93,11 @@ def test_a_binary_config_file_is_one_line(tmp_path):
     done = train("config.yaml", "--print-config", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "config.yaml is not a YAML text file" in done.stderr
+
+
+def test_the_step_0_evaluation_says_it_is_running(model_dir, tmp_path):
+    """Issue 24 item 17: the held-out evaluation before the first step is announced, not silent."""
+    overrides = [o for o in settings(model_dir, 1) if not o.startswith("eval.every")]
+    done = train(*overrides, "eval.every=1", "eval.tasks=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "agentboost: eval @0: 2 held-out rollouts" in done.stderr, done.stderr[-3000:]

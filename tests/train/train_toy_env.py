@@ -74,3 +74,10 @@ class BrokenRewards(FirstToken):
         if episode.sample == 1 and episode.task.id in self.down:
             raise UnscorableError("the judge is down")
         return super().reward(trajectory, episode)
+
+
+class LongReply(FirstToken):
+    """FirstToken with replies of up to 192 tokens (a random tiny model rarely stops early), so each
+    phase of a step lasts long enough to be interrupted in."""
+
+    limits = RolloutLimits(max_turns=1, max_new_tokens=192)

@@ -19,15 +19,16 @@ both with :func:`read_row`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentboost.envs.base import Environment
-from agentboost.envs.registry import environment_tasks, make_environment, parse_json_object
+from agentboost.envs.registry import make_environment, parse_json_object
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.integrations.verl import AGENT_LOOP_NAME
@@ -62,26 +63,30 @@ def ground_truth(task: Task) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def task_rows(
+def task_rows(environment: Environment, tasks: Iterable[Task], **options: Any) -> list[dict[str, Any]]:
+    """One veRL row per task (see the module docstring for the columns); options as :func:`iter_task_rows`."""
+    return list(iter_task_rows(environment, tasks, **options))
+
+
+def iter_task_rows(
     environment: Environment,
-    tasks: Sequence[Task],
+    tasks: Iterable[Task],
     *,
     environment_kwargs: Mapping[str, Any] | None = None,
     split: str = "train",
     agent_name: str = AGENT_LOOP_NAME,
     data_source: str | None = None,
-) -> list[dict[str, Any]]:
-    """One veRL row per task (see the module docstring for the columns)."""
+) -> Iterator[dict[str, Any]]:
+    """One veRL row per task, made as they are taken (see the module docstring for the columns)."""
     reference = environment_import_reference(environment)
     kwargs_text = _json_text(dict(environment_kwargs or {}), "the environment kwargs")
-    rows = []
     for index, task in enumerate(tasks):
         task_id = task.id
         task_text = _json_text(task.to_dict(), f"task {task_id!r}")
         messages = task.messages
         if environment.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": environment.system_prompt})
-        rows.append(
+        yield (
             {
                 "data_source": data_source or environment.name,
                 "agent_name": agent_name,
@@ -97,13 +102,19 @@ def task_rows(
                 },
             }
         )
-    return rows
 
 
-def write_parquet(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str]) -> Path:
+WRITE_BATCH = 4096
+"""Rows built and written at a time: writing a million tasks holds 4,096 rows, not a million."""
+
+
+def write_parquet(rows: Iterable[Mapping[str, Any]], out: str | os.PathLike[str]) -> Path:
     """Write rows as one parquet file, atomically (a temporary file, then a rename)."""
-    if not rows:
-        raise ConfigError("no tasks to write: the environment returned none (check -n and --split)")
+    return write_parquet_rows(rows, out)[0]
+
+
+def write_parquet_rows(rows: Iterable[Mapping[str, Any]], out: str | os.PathLike[str]) -> tuple[Path, int]:
+    """:func:`write_parquet`, taking ``rows`` :data:`WRITE_BATCH` at a time; the path and the row count."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -114,9 +125,28 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str]
         raise ConfigError(f"{path} must end in .parquet (veRL reads data files by their extension)")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    pq.write_table(pa.Table.from_pylist(list(rows)), partial)
-    os.replace(partial, path)
-    return path
+    writer = None
+    written = 0
+    try:
+        source = iter(rows)
+        while batch := list(itertools.islice(source, WRITE_BATCH)):
+            if writer is None:
+                table = pa.Table.from_pylist(batch)
+                writer = pq.ParquetWriter(partial, table.schema)
+            else:
+                table = pa.Table.from_pylist(batch, schema=writer.schema)
+            writer.write_table(table)
+            written += len(batch)
+        if writer is None:
+            raise ConfigError("no tasks to write: the environment returned none (check -n and --split)")
+        writer.close()
+        os.replace(partial, path)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        partial.unlink(missing_ok=True)
+        raise
+    return path, written
 
 
 def write_verl_dataset(
@@ -136,11 +166,13 @@ def write_verl_dataset(
     """
     kwargs = dict(environment_kwargs or {})
     env = make_environment(environment, kwargs)
-    tasks = environment_tasks(env, n, seed=seed, split=split)
-    rows = task_rows(
+    from agentboost.rollout.runner import RunTasks
+
+    tasks = RunTasks(env, lambda: env.tasks(n, seed=seed, split=split), limit=n)
+    rows = iter_task_rows(
         env, tasks, environment_kwargs=kwargs, split=split, agent_name=agent_name, data_source=data_source
     )
-    return write_parquet(rows, out), len(rows)
+    return write_parquet_rows(rows, out)
 
 
 def read_row(row: Mapping[str, Any]) -> RowTask:
