@@ -204,23 +204,22 @@ class SeenIds:
         bits = self._bits
         if bits is None:
             return False
-        value = hash(task_id)  # salted per process, which is all one pass needs
-        first, second = value & 0xFFFFFFFF, ((value >> 32) & 0xFFFFFFFF) | 1
-        for number in range(self.HASHES):
-            position = (first + number * second) & (self.BITS - 1)
-            if not bits[position >> 3] & (1 << (position & 7)):
-                return False
-        return True
+        return all(bits[position >> 3] & (1 << (position & 7)) for position in self._positions(task_id))
 
     def add(self, task_id: str) -> None:
         if self._bits is None:
             self._bits = bytearray(self.BITS >> 3)
         bits = self._bits
+        for position in self._positions(task_id):
+            bits[position >> 3] |= 1 << (position & 7)
+
+    def _positions(self, task_id: str) -> Iterator[int]:
+        """The filter's bits for ``task_id`` (double hashing of one salted-per-process hash, which is
+        all one pass needs)."""
         value = hash(task_id)
         first, second = value & 0xFFFFFFFF, ((value >> 32) & 0xFFFFFFFF) | 1
         for number in range(self.HASHES):
-            position = (first + number * second) & (self.BITS - 1)
-            bits[position >> 3] |= 1 << (position & 7)
+            yield (first + number * second) & (self.BITS - 1)
 
 
 def plan_keys(environment: Environment, tasks: Iterable[Task], config: RunConfig) -> Plan:
