@@ -150,11 +150,18 @@ _OWN_CTRL_C = {"serve", "serve-vllm", "gateway", "mcp"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if argv is None and args.command not in _OWN_CTRL_C:
-        from agentboost.interrupts import install
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("agentboost: interrupted", file=sys.stderr)
+        return 130
+    if argv is None:
+        from agentboost.interrupts import install, uninstall
 
-        install()  # Ctrl-C ends the command promptly whatever the load; twice: at once
+        if args.command in _OWN_CTRL_C:
+            uninstall()
+        else:
+            install()  # Ctrl-C ends the command promptly whatever the load; twice: at once
     try:
         return int(args.func(args) or 0)
     except AgentBoostError as error:
@@ -186,7 +193,15 @@ def run() -> NoReturn:
     After Ctrl-C it ends at once: results lines are fsynced and checkpoints renamed into place as
     they are written, so interpreter shutdown (joining threads a tool or a library still runs,
     torch's and tokenizers' native threads) has nothing left to save and only delays the exit.
+
+    Ctrl-C is taken over before the subcommands' modules are imported, so one pressed while the
+    command starts ends it with 130 too, not with a traceback. (Python itself restores the default
+    SIGINT action while it tears its modules down after a finished command: a Ctrl-C in that last
+    moment ends the process by the signal, which a shell reports as 130 all the same.)
     """
+    from agentboost.interrupts import install
+
+    install()
     status = main()
     if status == 130:
         sys.stdout.flush()

@@ -71,8 +71,8 @@ def _watch(reader: socket.socket, grace_s: float) -> None:
 
 
 def install(grace_s: float = GRACE_S) -> None:
-    """Take over SIGINT for this process (main thread only; a no-op elsewhere)."""
-    if threading.current_thread() is not threading.main_thread():
+    """Take over SIGINT for this process (main thread only; a no-op elsewhere or when already done)."""
+    if threading.current_thread() is not threading.main_thread() or getattr(install, "keep", None):
         return
     reader, writer = socket.socketpair()
     writer.setblocking(False)
@@ -80,3 +80,15 @@ def install(grace_s: float = GRACE_S) -> None:
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(reader, grace_s), name="agentboost-interrupts", daemon=True).start()
     install.keep = (reader, writer)  # type: ignore[attr-defined]  (the sockets live as long as the process)
+
+
+def uninstall() -> None:
+    """Give SIGINT back to Python's default (KeyboardInterrupt, no watchdog): for a command that
+    handles Ctrl-C itself, such as a server that stops and writes its state however long that takes."""
+    kept = getattr(install, "keep", None)
+    if kept is None or threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    kept[1].close()  # the watchdog reads the end of its stream and returns
+    install.keep = None  # type: ignore[attr-defined]

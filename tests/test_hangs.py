@@ -173,3 +173,33 @@ def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(
     results = list(read_results(out))
     assert 5 <= len(results) < 50  # what was written before the outage, no flood of failures
     assert sum(result.failed for result in results) <= 4  # at most the rollouts in flight
+
+
+STARTING = """
+import sys, time
+from agentboost import cli
+
+def still_importing():
+    print("importing", flush=True)
+    time.sleep(120)  # the subcommands' modules, slow on a loaded machine
+
+cli.build_parser = still_importing
+cli.run()
+"""
+
+
+def test_ctrl_c_while_the_command_is_still_starting_ends_it_with_130_and_no_traceback(tmp_path):
+    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTING],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline() == "importing\n", process.communicate()[1][-2000:]
+    process.send_signal(signal.SIGINT)
+    status, _, err = finish(process)
+    assert status == 130, err[-2000:]
+    assert err.strip() == "agentboost: interrupted"  # not a KeyboardInterrupt traceback
