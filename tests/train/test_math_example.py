@@ -28,9 +28,9 @@ def prepare_data_env_kwargs() -> dict:
 ENV_KWARGS = prepare_data_env_kwargs()
 
 
-def train_sh_settings() -> tuple[dict, dict[str, str]]:
-    """ENV_KWARGS and the options of the `agentboost eval` line in train.sh."""
-    text = (EXAMPLE / "train.sh").read_text()
+def train_sh_settings(script: str = "train.sh") -> tuple[dict, dict[str, str]]:
+    """ENV_KWARGS and the options of the `agentboost eval` line in one of the example's scripts."""
+    text = (EXAMPLE / script).read_text()
     env_kwargs = json.loads(re.search(r"^ENV_KWARGS='(.*)'$", text, re.MULTILINE).group(1))
     command = re.search(r"agentboost eval --env math (.*?)--model", text, re.DOTALL).group(1)
     options = dict(re.findall(r"(--?[a-z-]+) ([^\s\\-][^\s\\]*)", command))
@@ -51,6 +51,13 @@ def test_every_stage_uses_the_same_task_and_held_out_evaluation():
     assert int(options["--max-turns"]) == sft.eval.max_turns == rl.rollout.max_turns
     assert int(options["--max-new-tokens"]) == sft.eval.max_new_tokens == rl.rollout.max_new_tokens
     assert options["--split"] == "test"
+
+
+def test_the_vllm_demonstration_scores_its_model_as_train_sh_does():
+    assert train_sh_settings("train_vllm.sh") == train_sh_settings("train.sh")
+    text = (EXAMPLE / "train_vllm.sh").read_text()
+    assert "agentboost train examples/math/train.yaml rollout.vllm_url=" in text  # the same GRPO stage
+    assert "agentboost sft examples/math/sft.yaml" in text
 
 
 def test_prepared_demonstrations_come_from_the_train_split_and_train_only_the_agent(tmp_path, qwen_tokenizer):
