@@ -39,7 +39,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
-from agentboost.memory import trim_heap
+from agentboost.memory import peak_resident_bytes, resident_bytes, trim_heap
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.checkpoint import Checkpoints
@@ -283,6 +283,7 @@ class Trainer(TrainingLoop):
         cache_mark = self.engine.prefix_cache_stats()
         results = self.collect(step, bar=bar)
         rollout_seconds = time.perf_counter() - started
+        peak_after_rollouts = peak_resident_bytes()
         if bar is not None:
             bar.set_description_str(f"update @{step}", refresh=True)
         samples, metrics = self.make_samples(results)
@@ -296,6 +297,11 @@ class Trainer(TrainingLoop):
                 "time/step_s": time.perf_counter() - started,
                 "rollout/tokens_per_second": generated / rollout_seconds if rollout_seconds else 0.0,
                 "rollout/prefix_cache_hit_rate": self.engine.prefix_cache_stats().hit_rate_since(cache_mark),
+                # the process's peak resident memory so far (VmHWM): where it grows tells which phase
+                # needs the memory, rollouts (engine KV) or the update (activations, optimizer state)
+                "memory/peak_after_rollouts_gib": peak_after_rollouts / 2**30,
+                "memory/peak_gib": peak_resident_bytes() / 2**30,
+                "memory/resident_gib": resident_bytes() / 2**30,
             }
         )
         if bar is not None:

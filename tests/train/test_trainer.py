@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,6 +76,11 @@ def test_a_tiny_model_learns_the_toy_task(toy_model_dir, line_break, tmp_path):
     assert max(r["mismatch/logprob_abs_diff"] for r in train) < 1e-4
     assert max(r["mismatch/kl"] for r in train) < 1e-6
     assert all(r["optim/updates"] in (0, 1) for r in train)
+    if Path("/proc/self/status").exists():  # the process's peak memory never falls, and holds the model
+        peaks = [(r["memory/peak_after_rollouts_gib"], r["memory/peak_gib"]) for r in train]
+        assert all(0 < after_rollouts <= after_update for after_rollouts, after_update in peaks)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(peaks))
+        assert all(0 < r["memory/resident_gib"] <= r["memory/peak_gib"] for r in train)
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
