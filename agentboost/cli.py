@@ -155,13 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("agentboost: interrupted", file=sys.stderr)
         return 130
-    if argv is None:
-        from agentboost.interrupts import install, uninstall
+    if argv is None and args.command in _OWN_CTRL_C:
+        from agentboost.interrupts import uninstall
 
-        if args.command in _OWN_CTRL_C:
-            uninstall()
-        else:
-            install()  # Ctrl-C ends the command promptly whatever the load; twice: at once
+        uninstall()  # run() took Ctrl-C over; these commands stop in their own time
     try:
         return int(args.func(args) or 0)
     except AgentBoostError as error:
@@ -201,7 +198,7 @@ def run() -> NoReturn:
     """
     from agentboost.interrupts import install
 
-    install()
+    install()  # Ctrl-C ends the command promptly whatever the load; twice: at once
     status = main()
     if status == 130:
         sys.stdout.flush()
