@@ -47,6 +47,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -57,6 +58,7 @@ from typing import Any
 import torch
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
+from agentboost.engines.packed_linear import MIN_ROWS, STEADY_STEPS, PackedLinears, packing_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import trim_heap
@@ -67,6 +69,8 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 """1 GiB of KV: about 23k tokens of SmolLM2-135M in fp32, 18k of an 8-KV-head 7B model in bf16."""
 DEFAULT_MEMORY_BUDGET_BYTES = 2 << 30
 """KV of the running batch and the prefix cache together: 2 GiB, 46k tokens of SmolLM2-135M in fp32."""
+PACKED_IDLE_RELEASE_S = 1.0
+"""An engine with nothing to run for this long drops its packed weights (rebuilt in ~0.15 s on demand)."""
 MIN_SHARED_PREFIX = 16
 """Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
@@ -109,6 +113,7 @@ class LocalEngine:
         name: str | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+        packed_weights: bool = True,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -134,6 +139,7 @@ class LocalEngine:
         self._lengths: list[int] = []  # real tokens held per row
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
+        self.packed_steps = 0  # decode steps that ran on the packed weights
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
         self.memory_budget_bytes = memory_budget_bytes
@@ -145,6 +151,9 @@ class LocalEngine:
         self._fingerprint = self._weights_fingerprint()
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
         self._cache_argument = _cache_argument(model)
+        # MKL-packed copies of the linear weights for batched CPU decode steps (packed_linear.py)
+        self._packed = PackedLinears(model) if packed_weights and packing_supported(model) else None
+        self._steady = (0, 0)  # (decode batch size, steps it has lasted)
 
     @classmethod
     def from_pretrained(
@@ -221,6 +230,14 @@ class LocalEngine:
         with self._wake:
             self._weights_epoch += 1
 
+    def release_memory(self) -> None:
+        """Drop what the engine rebuilds on demand: the packed weights of its batched decode steps
+        (about the size of the model's linear weights), for code that shares the model with other work
+        (an update between rollouts). An idle engine drops them by itself after ``PACKED_IDLE_RELEASE_S``."""
+        if self._packed is not None and self._packed.held:
+            self._packed.release()
+            trim_heap()
+
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """A snapshot of the prefix cache's counters (hit rate, tokens, bytes, evictions)."""
         return replace(self.prefix_cache.stats)
@@ -256,6 +273,8 @@ class LocalEngine:
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
         self._set_batch_kv([], None)
         self.prefix_cache.clear()
+        if self._packed is not None:
+            self._packed.release()
         trim_heap()
 
     def _raise_if_closed(self) -> None:
@@ -277,7 +296,11 @@ class LocalEngine:
                 while True:
                     with self._wake:
                         while not self._closed and not self._queue and not self._rows:
-                            self._wake.wait()
+                            if self._packed is None or not self._packed.held:
+                                self._wake.wait()
+                            elif not self._wake.wait(timeout=PACKED_IDLE_RELEASE_S):
+                                self._packed.release()  # idle: give the packed weights' memory back
+                                trim_heap()
                         if self._closed:
                             break
                         self._admitting = self._take_admissible()
@@ -547,17 +570,32 @@ class LocalEngine:
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
-        output = self._forward(
-            input_ids=input_ids,
-            attention_mask=kv.next_mask(),
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_argument: kv.cache},
-        )
+        packed = self._packs_for(rows)
+        with packed.active() if packed is not None else contextlib.nullcontext():
+            output = self._forward(
+                input_ids=input_ids,
+                attention_mask=kv.next_mask(),
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_argument: kv.cache},
+            )
         self._cache, self._mask = kv.layers(), kv.mask()
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
         self._sample(output.logits[:, -1, :], first_row=0)
+
+    def _packs_for(self, rows: int) -> PackedLinears | None:
+        """The packed weights for a step of ``rows`` rows, packed once that batch size is steady."""
+        if self._packed is None or rows < MIN_ROWS:
+            return None
+        self._steady = (rows, self._steady[1] + 1) if self._steady[0] == rows else (rows, 1)
+        epoch = self._current_epoch()  # packs of older weights are never used
+        if not self._packed.usable(rows, epoch):
+            if self._steady[1] < STEADY_STEPS:
+                return None
+            self._packed.pack(rows, epoch)
+        self.packed_steps += 1
+        return self._packed
 
     def _sample(self, logits: torch.Tensor, *, first_row: int) -> None:
         """Choose the next id of rows first_row.. from their logits; retire rows that are done."""
@@ -568,10 +606,13 @@ class LocalEngine:
         ).unsqueeze(1)
         logprobs = torch.log_softmax(logits / temperatures, dim=-1)
         greedy = logits.argmax(dim=-1).tolist()  # one call for the batch, not one per row
-        tokens = [
-            greedy[offset] if request.sampling.greedy else self._draw(logprobs[offset], request)
-            for offset, request in enumerate(requests)
-        ]
+        sampled = [offset for offset, request in enumerate(requests) if not request.sampling.greedy]
+        tokens = greedy
+        if sampled:
+            drawn = self._draw([requests[offset] for offset in sampled], logprobs, sampled)
+            tokens = list(greedy)
+            for offset, token in zip(sampled, drawn, strict=True):
+                tokens[offset] = token
         chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)).squeeze(1)
         for offset, (request, token, logprob) in enumerate(
             zip(requests, tokens, chosen.tolist(), strict=True)
@@ -591,23 +632,30 @@ class LocalEngine:
             self._retire(done)
 
     @staticmethod
-    def _draw(logprobs: torch.Tensor, request: _Request) -> int:
-        """Sample from the tempered distribution after top-k / top-p truncation."""
-        sampling = request.sampling
-        scores = logprobs
-        if sampling.top_k and sampling.top_k < scores.numel():
-            kth = torch.topk(scores, sampling.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if sampling.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, descending=True)
-            cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-            drop = (
-                cumulative - torch.softmax(sorted_scores, dim=-1) >= sampling.top_p
-            )  # keep the first past p
-            sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
-            scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
+    def _draw(requests: list[_Request], logprobs: torch.Tensor, rows: list[int]) -> list[int]:
+        """One id for each of ``requests`` (the sampled ``rows`` of ``logprobs``), from its tempered
+        distribution after its top-k / top-p truncation, drawn with its own generator.
+
+        This is ``torch.multinomial(probabilities, 1, generator=...)`` done for the whole batch at once:
+        multinomial draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)`` from the generator. Each
+        row's noise still comes from its request's generator, in the same amount and order, so every
+        request gets the ids ``multinomial`` would give it (tested), whatever else is in the batch; the
+        softmax, the division and the argmax are one call each instead of one per row.
+        """
+        scores = logprobs[rows] if len(rows) < logprobs.shape[0] else logprobs
+        for index, request in enumerate(requests):
+            sampling = request.sampling
+            if (sampling.top_k and sampling.top_k < scores.shape[1]) or sampling.top_p < 1.0:
+                if scores is logprobs:
+                    scores = logprobs.clone()  # the stored logprobs are of the untruncated distribution
+                scores[index] = _truncate(scores[index], sampling)
         probabilities = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probabilities, 1, generator=request.generator))
+        if not bool((probabilities.max() < math.inf) & (probabilities.min() >= 0)):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        noise = torch.empty_like(probabilities)
+        for index, request in enumerate(requests):
+            noise[index].exponential_(1, generator=request.generator)
+        return probabilities.div_(noise).argmax(dim=-1).tolist()
 
     # --- batch bookkeeping -------------------------------------------------------------------------
 
@@ -726,3 +774,17 @@ def _kv_bytes_per_token(model: Any) -> int | None:
         return None
     element = next(model.parameters()).element_size()
     return int(layers * 2 * kv_heads * head_dim * element)
+
+
+def _truncate(scores: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """One row's scores with everything outside its top-k and top-p set to -inf."""
+    if sampling.top_k and sampling.top_k < scores.numel():
+        kth = torch.topk(scores, sampling.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        probabilities = torch.softmax(sorted_scores, dim=-1)
+        drop = probabilities.cumsum(-1) - probabilities >= sampling.top_p  # keep the first past p
+        sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
+    return scores

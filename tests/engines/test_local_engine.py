@@ -77,6 +77,97 @@ def test_sampling_is_reproducible_per_seed_and_top_k_1_is_greedy(random_qwen3):
     assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
 
 
+def test_a_seeded_request_draws_the_same_ids_alone_and_in_a_mixed_batch(random_qwen3):
+    """Sampling is batched; each request's draws still come from its own generator only."""
+    prompts = [list(range(300 + 7 * i, 340 + 9 * i)) for i in range(8)]
+    mine = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=123)
+    others = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0),  # unseeded: the OS seeds it
+        SamplingParams(temperature=0.7, top_p=0.8, seed=4),
+        SamplingParams(temperature=1.3, top_k=5, seed=5),
+        SamplingParams(temperature=1.0, seed=6),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.5, top_k=200, top_p=0.5, seed=7),
+    ]
+
+    async def alone():
+        engine = LocalEngine(random_qwen3, max_batch_size=1)
+        result = await engine.generate(prompts[0], mine, max_new_tokens=24)
+        await engine.aclose()
+        return result
+
+    async def together():
+        engine = LocalEngine(random_qwen3)
+        results = await asyncio.gather(
+            engine.generate(prompts[0], mine, max_new_tokens=24),
+            *(
+                engine.generate(prompt, sampling, max_new_tokens=16 + 3 * i)
+                for i, (prompt, sampling) in enumerate(zip(prompts[1:], others, strict=True))
+            ),
+        )
+        await engine.aclose()
+        return results, engine.max_batch_seen
+
+    single = run(alone())
+    batched, widest = run(together())
+    assert widest == 8
+    assert batched[0].token_ids == single.token_ids and len(single.token_ids) == 24
+    assert max(abs(a - b) for a, b in zip(batched[0].logprobs, single.logprobs, strict=True)) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "rows", [[0, 2, 3, 4, 6], [0, 1, 2, 3, 4]], ids=["some-rows-greedy", "all-rows-drawn"]
+)
+def test_batched_draws_are_torch_multinomial_row_by_row(rows):
+    """The batched sampler gives every row the id torch.multinomial would draw with its generator
+    from its tempered, truncated distribution: the same seed gives the same ids as before batching."""
+    from types import SimpleNamespace
+
+    vocabulary = 4096
+    samplings = [
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.6, top_k=50, seed=2),
+        SamplingParams(temperature=1.2, top_p=0.9, seed=3),
+        SamplingParams(temperature=0.8, top_k=300, top_p=0.7, seed=4),
+        SamplingParams(temperature=1.0, seed=5),
+    ]
+
+    def reference(row, sampling, generator):
+        scores = row
+        if sampling.top_k and sampling.top_k < scores.numel():
+            kth = torch.topk(scores, sampling.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if sampling.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, descending=True)
+            cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
+            drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= sampling.top_p
+            sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
+            scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+
+    ours = [SimpleNamespace(sampling=s, generator=torch.Generator().manual_seed(s.seed)) for s in samplings]
+    theirs = [torch.Generator().manual_seed(s.seed) for s in samplings]
+    logits_source = torch.Generator().manual_seed(0)
+    drawn_total = 0
+    for _ in range(40):
+        width = max(rows) + 1  # rows not listed are greedy rows, not drawn
+        logits = torch.randn(width, vocabulary, generator=logits_source) * 4
+        temperatures = torch.ones(width, 1)
+        temperatures[rows] = torch.tensor([s.temperature for s in samplings]).unsqueeze(1)
+        logprobs = torch.log_softmax(logits / temperatures, dim=-1)
+        before = logprobs.clone()
+        drawn = LocalEngine._draw(ours, logprobs, rows)
+        expected = [
+            reference(logprobs[row], sampling, generator)
+            for row, sampling, generator in zip(rows, samplings, theirs, strict=True)
+        ]
+        assert drawn == expected
+        assert torch.equal(logprobs, before)  # the stored logprobs stay those of the whole distribution
+        drawn_total += len(set(drawn))
+    assert drawn_total > 40  # the draws vary
+
+
 def test_stop_ids_context_and_cancellation(random_qwen3):
     engine = LocalEngine(random_qwen3, context_length=64)
     prompt = list(range(1000, 1040))
