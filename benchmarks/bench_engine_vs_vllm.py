@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -186,8 +187,8 @@ def compare_trees(args: argparse.Namespace) -> None:
         )
 
 
-def tree_rss(pid: int) -> int:
-    """RSS of a process and its descendants, from /proc."""
+def tree_pids(pid: int) -> list[int]:
+    """A process and its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -196,13 +197,38 @@ def tree_rss(pid: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    total, stack = 0, [pid]
+    found, stack = [], [pid]
     while stack:
         current = stack.pop()
+        found.append(current)
         stack.extend(children.get(current, []))
+    return found
+
+
+def tree_rss(pid: int) -> int:
+    """RSS of a process and its descendants, from /proc."""
+    total = 0
+    for current in tree_pids(pid):
         with contextlib.suppress(OSError, IndexError, ValueError):
             pages = int((Path("/proc") / str(current) / "statm").read_text().split()[1])
             total += pages * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+def idle_cpu_share(server: Server, seconds: float = 3.0) -> float:
+    """Cores' worth of CPU the server's processes use over ``seconds`` with no request in flight."""
+    before = tree_cpu_seconds(server.pid)
+    time.sleep(seconds)
+    return (tree_cpu_seconds(server.pid) - before) / seconds
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds used so far by a process and its descendants (their threads too)."""
+    total = 0.0
+    for current in tree_pids(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (Path("/proc") / str(current) / "stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 
@@ -290,12 +316,25 @@ class Server:
         stop()
         raise RuntimeError("the vLLM server did not become ready in 10 minutes")
 
+    def pause(self) -> None:
+        """Stop the server's processes (SIGSTOP) while the embedded side runs: an idle vLLM-CPU server
+        that has served requests keeps using CPU (its OpenMP threads), which would slow the other side."""
+        for pid in tree_pids(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in tree_pids(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def reset_prefix_cache(self) -> None:
         request = urllib.request.Request(f"{self.url}/reset_prefix_cache", method="POST")
         with urllib.request.urlopen(request, timeout=30):
             pass
 
     def stop(self) -> None:
+        self.resume()  # a stopped process cannot act on the terminate signal
         self._stop()
 
 
@@ -303,12 +342,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs of each workload on each side before timed ones"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="+", choices=["batch16", "stream", "multiturn"])
     parser.add_argument(
         "--vllm-python", default=os.environ.get("AGENTBOOST_VLLM_PYTHON", "/work/venvs/vllm/bin/python")
     )
     parser.add_argument("--no-vllm", action="store_true", help="the embedded engine only")
+    parser.add_argument(
+        "--no-pause",
+        action="store_true",
+        help="leave the vLLM server running while the embedded side runs (it used CPU while idle here)",
+    )
     parser.add_argument(
         "--vllm-plain",
         action="store_true",
@@ -343,6 +390,8 @@ def main() -> None:
     base_rss = resident_bytes()
     local = LocalEngine.from_pretrained(args.model)
     loaded_rss = resident_bytes()
+    asyncio.run(batch(local, [list(range(1000, 1016))], 4))  # warm-up (first-forward set-up), as a worker
+    local.prefix_cache.clear()
     sides: dict[str, Any] = {"embedded": local}
     server = None
     if not args.no_vllm and Path(args.vllm_python).exists():
@@ -355,15 +404,28 @@ def main() -> None:
         print(f"no vLLM interpreter at {args.vllm_python}: the embedded engine only")
     rates: dict[tuple[str, str], list[float]] = {}
     peak_kv = 0
+    idle_cpu: list[float] = []  # CPU the idle server used just before each embedded run, in cores
     try:
         for name, workload in workloads(tokenizer, args.small).items():
             if args.only and name not in args.only:
                 continue
-            for _ in range(args.repeats):
+            for repeat in range(-args.warmup, args.repeats):
                 for side, engine in sides.items():
                     if side == "vllm":
                         server.reset_prefix_cache()
-                    tokens, seconds = asyncio.run(timed(workload, engine, close=side == "vllm"))
+                    else:
+                        local.prefix_cache.clear()  # each run starts cold on both sides
+                    if side == "embedded" and server is not None and not args.no_pause:
+                        idle_cpu.append(idle_cpu_share(server))
+                        server.pause()
+                    try:
+                        tokens, seconds = asyncio.run(timed(workload, engine, close=side == "vllm"))
+                    finally:
+                        if server is not None and side == "embedded" and not args.no_pause:
+                            server.resume()
+                    if repeat < 0:  # untimed: the first run of a shape pays one-off set-up on both sides
+                        print(f"  {name} {side}: warm-up, {tokens / seconds:.1f} tok/s", flush=True)
+                        continue
                     rates.setdefault((name, side), []).append(tokens / seconds)
                     if side == "embedded":
                         peak_kv = max(peak_kv, local.kv_bytes())
@@ -386,10 +448,17 @@ def main() -> None:
     print(
         f"\nembedded: model loaded {(loaded_rss - base_rss) / gib:.2f} GiB, process RSS at the end "
         f"{resident_bytes() / gib:.2f} GiB, KV held after a workload up to {peak_kv / gib:.2f} GiB "
-        f"(budget {local.memory_budget_bytes / gib:.1f} GiB)"
+        f"(budget {local.memory_budget_bytes / gib:.1f} GiB); decode steps {local.steps}, "
+        f"{getattr(local, 'packed_steps', 0)} of them on packed weights"
     )
     if server is not None:
         print(f"vLLM server process tree RSS: {vllm_rss / gib:.2f} GiB")
+    if idle_cpu:
+        shares = ", ".join(f"{share:.2f}" for share in idle_cpu)
+        print(
+            f"the idle vLLM server's CPU use before each embedded run (cores, over 3 s): {shares}; "
+            "it was paused (SIGSTOP) during the embedded runs"
+        )
 
 
 if __name__ == "__main__":
