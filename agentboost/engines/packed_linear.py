@@ -35,7 +35,7 @@ MIN_ROWS = 2
 
 STEADY_STEPS = 8
 """MKL packs a weight for one row count: the engine packs for a batch size once it has run this many
-decode steps in a row (packing SmolLM2-135M takes about 0.15 s, which eight batch-8 steps repay)."""
+decode steps in a row (packing SmolLM2-135M takes about 0.14 s; packed batch-8 steps save 14 ms each)."""
 
 
 def packing_supported(model: Any) -> bool:
@@ -71,10 +71,6 @@ class PackedLinears:
     @property
     def held(self) -> bool:
         return self._packs is not None
-
-    def nbytes(self) -> int:
-        """Nominal bytes of the packs held (MKL sizes them generously; resident memory is less)."""
-        return sum(p.numel() * p.element_size() for p in self._packs) if self._packs else 0
 
     def usable(self, rows: int, epoch: int) -> bool:
         """True when packs for ``rows`` rows of the weights of ``epoch`` are held."""
