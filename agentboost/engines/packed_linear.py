@@ -5,9 +5,10 @@ At that shape, MKL's plain ``sgemm`` spends much of its time re-arranging the we
 layout its kernel reads; ``cblas_sgemm_pack`` does that once and the packed matrix is then reused step
 after step. PyTorch exposes both (``torch.ops.mkl._mkl_reorder_linear_weight`` and
 ``torch.ops.mkl._mkl_linear``, what Inductor uses for frozen fp32 linears on CPU). Measured on
-SmolLM2-135M fp32, 2 threads (``benchmarks/bench_engine_vs_vllm.py``, docs/engines.md): a decode step
-is about 1.13x faster at batch 16 and 1.2x at batch 8, and slower at batch 1, where MKL takes a
-matrix-vector path anyway; so the engine uses the packs from :data:`MIN_ROWS` rows up.
+SmolLM2-135M fp32, 2 threads (docs/engines.md; ``benchmarks/bench_packed_weights.py`` compares whole
+workloads): a decode step is about 1.13x faster at batch 16 and 1.2x at batch 8, and slower at
+batch 1, where MKL takes a matrix-vector path anyway; so the engine uses the packs from
+:data:`MIN_ROWS` rows up.
 
 Nothing in the model changes. While a step runs, each packed ``nn.Linear`` gets an instance-level
 ``forward`` that calls the packed kernel, removed when the step ends; outside the engine's scheduler
