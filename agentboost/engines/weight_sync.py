@@ -197,6 +197,9 @@ class SyncedVLLMEngine:
     def weights_updated(self) -> None:
         self._dirty = True
 
+    def release_memory(self) -> None:
+        """Nothing held in this process between rollouts (the trainer calls it before each update)."""
+
     def prefix_cache_stats(self) -> Any:
         from agentboost.engines.prefix_cache import PrefixCacheStats
 

@@ -98,13 +98,20 @@ def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> t
 def make_optimizer(
     parameters: Iterable[torch.nn.Parameter], config: OptimizerConfig
 ) -> torch.optim.Optimizer:
-    """AdamW over the parameters that train."""
+    """AdamW over the parameters that train, one parameter at a time.
+
+    ``foreach=False``: PyTorch's default multi-tensor step builds its temporaries (``sqrt`` of the
+    second moments, then the update) for every parameter at once, the model's size again at the step;
+    the per-parameter loop needs one parameter's worth, computes the same values (bit for bit, tested)
+    and costs a few milliseconds of Python a step.
+    """
     return torch.optim.AdamW(
         list(parameters),
         lr=config.lr,
         betas=(config.beta1, config.beta2),
         eps=config.eps,
         weight_decay=config.weight_decay,
+        foreach=False,
     )
 
 

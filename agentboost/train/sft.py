@@ -36,9 +36,11 @@ import torch
 
 from agentboost.engines.base import SamplingParams
 from agentboost.errors import ConfigError, TemplateError
+from agentboost.memory import trim_heap
 from agentboost.train import config as config_module
 from agentboost.train import schedule
 from agentboost.train.batching import Sample, micro_batches
+from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.config import (
     CheckpointConfig,
@@ -339,6 +341,7 @@ class SFTTrainer(TrainingLoop):
         self.policy = PolicyModel(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
+        self.gradients = FlatGradients(self.parameters)  # one buffer, outside the heap (buffers.py)
         self.pad_id = pad_token_id(self.tokenizer)
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
         self.examples, self.data_report = load_examples(config.data, self.tokenizer)
@@ -368,8 +371,10 @@ class SFTTrainer(TrainingLoop):
             group["lr"] = lr
         samples = [example.to_sample(i) for i, example in enumerate(self.batch_for_step(step))]
         normalizer = max(1, sum(s.loss_tokens for s in samples))
+        if self._engine is not None:  # the last evaluation's cached prefixes go stale with this step
+            self._engine.release_memory()
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.gradients.allocate()
         total_loss = 0.0
         for micro in micro_batches(
             samples, max_tokens=self.config.optimizer.micro_batch_tokens, pad_id=self.pad_id
@@ -378,11 +383,14 @@ class SFTTrainer(TrainingLoop):
             logprobs, _ = self.policy.logprobs(micro, 1.0)  # [B, T], 0 off the mask
             loss = -(logprobs * micro.loss_mask).sum() / normalizer
             loss.backward()
+            trim_heap()  # as in the RL trainer: the next micro-batch's shapes may not fit the freed holes
             total_loss += float(loss.detach())
+        self.gradients.drop_untouched()
         max_norm = self.config.optimizer.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        compact_optimizer_state(self.optimizer)
+        self.gradients.release()
         self.model.eval()
         return {
             "sft/loss": total_loss,
@@ -422,7 +430,11 @@ class SFTTrainer(TrainingLoop):
             self._environment = make_environment(str(evaluation.environment), evaluation.kwargs)
             if self.config.model.template is not None:
                 self._environment.template = self.config.model.template
-            self._engine = LocalEngine(self.model, max_batch_size=max(1, evaluation.concurrency))
+            # no packed weights: they cost the linear weights' size again beside the optimizer's state,
+            # for evaluations that run between updates (the RL trainer's engine does the same)
+            self._engine = LocalEngine(
+                self.model, max_batch_size=max(1, evaluation.concurrency), packed_weights=False
+            )
         tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()
         self.model.eval()

@@ -42,6 +42,7 @@ from agentboost.errors import ConfigError
 from agentboost.memory import peak_resident_bytes, resident_bytes, trim_heap
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
+from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits, step_results
 from agentboost.train.config import TrainConfig
@@ -100,6 +101,7 @@ class Trainer(TrainingLoop):
         self.reference = self._make_reference()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
+        self.gradients = FlatGradients(self.parameters)  # one buffer, outside the heap (buffers.py)
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
         if config.rollout.vllm_url:  # rollouts from vLLM servers; new weights are pushed to them
             from agentboost.engines.weight_sync import SyncedVLLMEngine
@@ -375,6 +377,9 @@ class Trainer(TrainingLoop):
         recompute = updates_per_step > 1
         if recompute or self.reference is not None:
             self._annotate(samples, old=recompute, sums=sums)
+        # the rollouts' cached prefixes go stale with the first optimizer step: free them before the
+        # update's activations and gradients, not at the next prefill
+        self.engine.release_memory()
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         grad_norms = []
         self.model.train()
@@ -385,7 +390,7 @@ class Trainer(TrainingLoop):
                     if algorithm.loss_aggregation == "token_mean"
                     else sum(1 for s in mini_batch if s.loss_tokens)
                 )
-                self.optimizer.zero_grad(set_to_none=True)
+                self.gradients.zero()
                 for micro in micro_batches(mini_batch, max_tokens=budget, pad_id=self.pad_id):
                     micro = micro.to(self.device)
                     logprobs, entropy = self.policy.logprobs(micro, temperature, with_entropy=True)
@@ -436,15 +441,17 @@ class Trainer(TrainingLoop):
                     sums.add("approx_kl", algorithms.masked_sum(torch.exp(log_ratio) - 1 - log_ratio, mask))
                     if result.kl is not None:
                         sums.add("kl_ref", algorithms.masked_sum(result.kl, mask))
+                self.gradients.drop_untouched()
                 max_norm = config.optimizer.max_grad_norm
                 norm = torch.nn.utils.clip_grad_norm_(
                     self.parameters, max_norm if max_norm > 0 else float("inf")
                 )
                 grad_norms.append(float(norm))
                 self.optimizer.step()
+                compact_optimizer_state(self.optimizer)  # after the first step: AdamW's moments too
                 self.engine.weights_updated()  # the engine's cached prefixes hold the old weights' KV
                 metrics["optim/updates"] += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        self.gradients.release()
         self.model.eval()
         trim_heap()  # the activations' pages go back to the system before the next rollouts
         tokens = max(1.0, sums["tokens"])

@@ -88,3 +88,35 @@ def test_closed_engines_hold_no_kv_and_many_of_them_keep_memory_flat():
         marks.append(resident_bytes())
     per_engine = 16 * 302 * _kv_bytes_per_token(model)  # what each engine's prefix cache held: 9.4 MiB
     assert marks[-1] - marks[1] < 2 * per_engine, [m / 2**20 for m in marks]
+
+
+def test_release_memory_drops_an_idle_engines_prefix_cache_and_results_stay_the_same(random_qwen3):
+    engine = LocalEngine(random_qwen3)
+    requests = prompts(3, 40)
+
+    async def main():
+        first = await asyncio.gather(
+            *(engine.generate(ids, GREEDY, max_new_tokens=BUDGET) for ids in requests)
+        )
+        held = engine.kv_bytes()
+        # while a request runs, the scheduler owns the cache: release_memory leaves it alone
+        running = asyncio.ensure_future(engine.generate(requests[0], GREEDY, max_new_tokens=200))
+        while not engine._rows:
+            await asyncio.sleep(0.005)
+        engine.release_memory()
+        kept = engine.prefix_cache.stats.entries
+        await running
+        engine.release_memory()  # the trainer's call before an update: nothing runs, all of it goes
+        after = engine.kv_bytes(), engine.prefix_cache.stats.entries
+        again = await asyncio.gather(
+            *(engine.generate(ids, GREEDY, max_new_tokens=BUDGET) for ids in requests)
+        )
+        await engine.aclose()
+        return first, held, kept, after, again
+
+    first, held, kept, after, again = run(main())
+    assert held > 0 and kept > 0
+    assert after == (0, 0)
+    assert [r.token_ids for r in again] == [r.token_ids for r in first]
+    for a, b in zip(again, first, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

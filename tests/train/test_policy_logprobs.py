@@ -10,6 +10,7 @@ from agentboost.train.batching import Sample, collate
 
 
 def batch(lengths: list[int]):
+    """A padded micro-batch of random ids, the last two thirds of each row generated (seed 0)."""
     generator = torch.Generator().manual_seed(0)
     samples = []
     for index, length in enumerate(lengths):
@@ -47,3 +48,29 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_direct_computation(mon
         assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-4)
     with torch.no_grad():  # no graph: the same values without checkpointing
         assert torch.equal(policy.PolicyModel(model).logprobs(micro, 0.7)[0], ours.detach())
+
+
+def test_the_per_parameter_adamw_steps_exactly_as_the_multi_tensor_default():
+    from agentboost.train.config import OptimizerConfig
+
+    config = OptimizerConfig(lr=1e-3, weight_decay=0.01)
+    models = [tiny_qwen3(seed=4), tiny_qwen3(seed=4)]
+    ours = policy.make_optimizer(models[0].parameters(), config)
+    default = torch.optim.AdamW(
+        models[1].parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=True
+    )
+    assert ours.defaults["foreach"] is False
+    micro = batch([30, 22])
+    for _ in range(3):
+        for model, optimizer in zip(models, (ours, default), strict=True):
+            optimizer.zero_grad(set_to_none=True)
+            logprobs, _ = policy.PolicyModel(model).logprobs(micro, 1.0)
+            (-(logprobs * micro.loss_mask).sum()).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    pairs = list(zip(models[0].parameters(), models[1].parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(models[0].parameters(), tiny_qwen3(seed=4).parameters(), strict=True)
+    )
