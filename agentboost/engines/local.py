@@ -71,6 +71,9 @@ DEFAULT_MEMORY_BUDGET_BYTES = 2 << 30
 """KV of the running batch and the prefix cache together: 2 GiB, 46k tokens of SmolLM2-135M in fp32."""
 PACKED_IDLE_RELEASE_S = 1.0
 """An engine with nothing to run for this long drops its packed weights (rebuilt in ~0.14 s on demand)."""
+REBUFFER_TRIM_INTERVAL_S = 2.0
+"""At most one heap trim this often when a changed batch is re-buffered: a trim costs 7-60 ms, and a
+trainer's rollouts change their batch every time an agent's turn starts or ends."""
 MIN_SHARED_PREFIX = 16
 """Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
@@ -154,6 +157,7 @@ class LocalEngine:
         # MKL-packed copies of the linear weights for batched CPU decode steps (packed_linear.py)
         self._packed = PackedLinears(model) if packed_weights and packing_supported(model) else None
         self._steady = (0, 0)  # (decode batch size, steps it has lasted)
+        self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
 
     @classmethod
     def from_pretrained(
@@ -580,7 +584,9 @@ class LocalEngine:
             # the joined or re-packed tensors just copied, and the previous buffers, are free now: their
             # pages go back to the system instead of staying in the heap beside the new buffers (the
             # math demonstration's rollouts held 1.1 GiB free in the heap at their peak without this)
-            trim_heap()
+            if time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
+                trim_heap()
+                self._trimmed_at = time.monotonic()
         kv = self._batch_kv
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
