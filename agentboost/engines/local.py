@@ -577,8 +577,7 @@ class LocalEngine:
         from agentboost.engines.batch_kv import BatchKV
 
         assert self._mask is not None
-        rebuffered = self._batch_kv is None
-        if rebuffered:  # the batch changed: copy it into buffers once
+        if self._batch_kv is None:  # the batch changed: copy it into buffers once
             self._batch_kv = BatchKV(self._cache, self._mask, self._reserved_width(self._rows))
             self._cache = self._batch_kv.layers()
             # the joined or re-packed tensors just copied, and the previous buffers, are free now: their

@@ -25,9 +25,11 @@ TRIM_EVERY_BYTES = 128 << 20
 """While state moves into its buffer, hand the freed originals back this often (RSS never doubles)."""
 
 
-def _buffer_views(tensors: Sequence[torch.Tensor], *, zero: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One fresh buffer per (dtype, device) of ``tensors``; returns (view shaped like the tensor, buffer)
-    for each, in order."""
+def _buffer_views(
+    tensors: Sequence[torch.Tensor], *, zero: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Fresh buffers, one per (dtype, device) of ``tensors``, and a view of them shaped like each tensor,
+    in order: (views, buffers)."""
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for tensor in tensors:
         key = (tensor.dtype, tensor.device)
@@ -39,9 +41,9 @@ def _buffer_views(tensors: Sequence[torch.Tensor], *, zero: bool) -> list[tuple[
     for tensor in tensors:
         key, count = (tensor.dtype, tensor.device), tensor.numel()
         start = offsets[key]
-        views.append((buffers[key][start : start + count].view(tensor.shape), buffers[key]))
+        views.append(buffers[key][start : start + count].view(tensor.shape))
         offsets[key] = start + count
-    return views
+    return views, list(buffers.values())
 
 
 class FlatGradients:
@@ -67,9 +69,7 @@ class FlatGradients:
     def allocate(self) -> None:
         """Zeroed gradients for every parameter, in one buffer per dtype and device."""
         self.release()
-        views = _buffer_views(self.parameters, zero=True)
-        self._views = [view for view, _ in views]
-        self._buffers = list({id(buffer): buffer for _, buffer in views}.values())
+        self._views, self._buffers = _buffer_views(self.parameters, zero=True)
         self._attach()
 
     def zero(self) -> None:
@@ -115,10 +115,10 @@ def compact_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     storages = {t.untyped_storage().data_ptr() for t in tensors}
     if len(storages) <= len(groups):
         return False
-    views = _buffer_views(tensors, zero=False)
+    views, _ = _buffer_views(tensors, zero=False)
     del tensors
     copied = 0
-    for (state, key), (view, _) in zip(entries, views, strict=True):
+    for (state, key), view in zip(entries, views, strict=True):
         view.copy_(state[key])
         copied += view.numel() * view.element_size()
         state[key] = view  # the original is freed here
