@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from agentboost.engines import decode_attention
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.engines.packed_linear import MIN_ROWS, STEADY_STEPS, PackedLinears, packing_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
@@ -72,8 +73,9 @@ DEFAULT_MEMORY_BUDGET_BYTES = 2 << 30
 PACKED_IDLE_RELEASE_S = 1.0
 """An engine with nothing to run for this long drops its packed weights (rebuilt in ~0.14 s on demand)."""
 REBUFFER_TRIM_INTERVAL_S = 2.0
-"""At most one heap trim this often when a changed batch is re-buffered: a trim costs 7-60 ms, and a
-trainer's rollouts change their batch every time an agent's turn starts or ends."""
+"""At most one heap trim this often when the batch changes (the prefill's per-layer KV, freed once
+copied into the batch's buffer, came from the heap): a trim costs 7-60 ms, and a trainer's rollouts
+change their batch every time an agent's turn starts or ends."""
 MIN_SHARED_PREFIX = 16
 """Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
@@ -138,7 +140,7 @@ class LocalEngine:
         self._rows: list[_Request] = []
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: [B, heads, L, head_dim]
         self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = padding
-        self._batch_kv: Any = None  # BatchKV: _cache and _mask in buffers a decode step writes in place
+        self._batch_kv: Any = None  # BatchKV holding _cache and _mask; a decode step writes it in place
         self._lengths: list[int] = []  # real tokens held per row
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
@@ -154,6 +156,8 @@ class LocalEngine:
         self._fingerprint = self._weights_fingerprint()
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
         self._cache_argument = _cache_argument(model)
+        # one-token steps attend with grouped query heads instead of a per-head copy of the cache
+        self.grouped_decode_attention = decode_attention.use_for(model)
         # MKL-packed copies of the linear weights for batched CPU decode steps (packed_linear.py)
         self._packed = PackedLinears(model) if packed_weights and packing_supported(model) else None
         self._steady = (0, 0)  # (decode batch size, steps it has lasted)
@@ -284,7 +288,7 @@ class LocalEngine:
 
     def _release(self) -> None:
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
-        self._set_batch_kv([], None)
+        self._set_batch([])
         self.prefix_cache.clear()
         if self._packed is not None:
             self._packed.release()
@@ -382,7 +386,7 @@ class LocalEngine:
             pending = list(self._queue) + self._admitting + self._rows
             self._queue.clear()
         self._admitting, self._rows = [], []
-        self._set_batch_kv([], None)
+        self._set_batch([])
         self._lengths, self._last_ids = [], []
         for request in pending:
             self._resolve(request, error)
@@ -574,19 +578,8 @@ class LocalEngine:
 
     def _decode_step(self) -> None:
         """One token for every running sequence, its keys and values written in place (no copy)."""
-        from agentboost.engines.batch_kv import BatchKV
-
-        assert self._mask is not None
-        if self._batch_kv is None:  # the batch changed: copy it into buffers once
-            self._batch_kv = BatchKV(self._cache, self._mask, self._reserved_width(self._rows))
-            self._cache = self._batch_kv.layers()
-            # the joined or re-packed tensors just copied, and the previous buffers, are free now: their
-            # pages go back to the system instead of staying in the heap beside the new buffers (the
-            # math demonstration's rollouts held 1.1 GiB free in the heap at their peak without this)
-            if time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
-                trim_heap()
-                self._trimmed_at = time.monotonic()
         kv = self._batch_kv
+        assert kv is not None
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
@@ -655,11 +648,13 @@ class LocalEngine:
         """One id for each of ``requests`` (the sampled ``rows`` of ``logprobs``), from its tempered
         distribution after its top-k / top-p truncation, drawn with its own generator.
 
-        This is ``torch.multinomial(probabilities, 1, generator=...)`` done for the whole batch at once:
-        multinomial draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)`` from the generator. Each
-        row's noise still comes from its request's generator, in the same amount and order, so every
-        request gets the ids ``multinomial`` would give it (tested), whatever else is in the batch; the
-        softmax, the division and the argmax are one call each instead of one per row.
+        Inverse-CDF sampling: each row takes one uniform ``u`` from its request's generator and gets the
+        first id whose cumulative probability (float64) exceeds ``u`` times the row's total. One random
+        number a row, where ``torch.multinomial`` (``argmax(p / q)``, ``q ~ Exp(1)``) draws one per
+        vocabulary entry: 49k exponentials cost 0.78 ms a row, 12.5 ms of a 16-row decode step
+        (docs/engines.md). A row's id depends only on its own probabilities and its generator, so the
+        same seed gives the same ids whatever else is in the batch (tested); ids of zero probability
+        (truncated, or underflowed) are never drawn.
         """
         scores = logprobs[rows] if len(rows) < logprobs.shape[0] else logprobs
         for index, request in enumerate(requests):
@@ -671,10 +666,18 @@ class LocalEngine:
         probabilities = torch.softmax(scores, dim=-1)
         if not bool((probabilities.max() < math.inf) & (probabilities.min() >= 0)):
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-        noise = torch.empty_like(probabilities)
-        for index, request in enumerate(requests):
-            noise[index].exponential_(1, generator=request.generator)
-        return probabilities.div_(noise).argmax(dim=-1).tolist()
+        uniforms = torch.cat(
+            [torch.rand(1, dtype=torch.float64, generator=request.generator) for request in requests]
+        ).to(probabilities.device)
+        cumulative = probabilities.double().cumsum(dim=-1)  # [n, V]
+        targets = (uniforms * cumulative[:, -1]).unsqueeze(1)
+        ids = torch.searchsorted(cumulative, targets, right=True).squeeze(1)
+        drawn = ids.tolist()
+        last = probabilities.shape[1] - 1
+        for index, token in enumerate(drawn):
+            if token > last:  # u * total rounded up to the total: the last id with any probability
+                drawn[index] = int(probabilities[index].nonzero()[-1])
+        return drawn
 
     # --- batch bookkeeping -------------------------------------------------------------------------
 
@@ -685,36 +688,13 @@ class LocalEngine:
         mask: torch.Tensor,
         lengths: list[int],
     ) -> None:
-        if not self._rows:
-            self._set_batch_kv(layers, mask)
-        else:
-            assert self._mask is not None
-            width = max(self._mask.shape[1], mask.shape[1])
-            old, new = self._left_pad(self._cache, self._mask, width), self._left_pad(layers, mask, width)
-            self._set_batch_kv(
-                [
-                    (torch.cat([old_k, new_k]), torch.cat([old_v, new_v]))
-                    for (old_k, old_v), (new_k, new_v) in zip(old[0], new[0], strict=False)
-                ],
-                torch.cat([old[1], new[1]]),
-            )
+        """Add prefilled rows to the batch: the running rows and the new ones copied once into new buffers."""
+        parts = [(self._cache, self._mask)] if self._rows else []
         self._rows.extend(requests)
         self._lengths.extend(lengths)
         self._last_ids.extend([0] * len(requests))
+        self._set_batch([*parts, (layers, mask)])
         self.max_batch_seen = max(self.max_batch_seen, len(self._rows))
-
-    @staticmethod
-    def _left_pad(
-        layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor, width: int
-    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        extra = width - mask.shape[1]
-        if extra == 0:
-            return layers, mask
-        padded = [
-            (torch.nn.functional.pad(k, (0, 0, extra, 0)), torch.nn.functional.pad(v, (0, 0, extra, 0)))
-            for k, v in layers
-        ]
-        return padded, torch.nn.functional.pad(mask, (extra, 0))
 
     def _retire(self, indices: list[int]) -> None:
         finished = set(indices)
@@ -733,16 +713,26 @@ class LocalEngine:
         self._lengths = [self._lengths[index] for index in keep]
         self._last_ids = [self._last_ids[index] for index in keep]
         if not keep:
-            self._set_batch_kv([], None)
+            self._set_batch([])
         else:  # re-pack before the callers hear back, so kv_bytes() no longer counts the rows that left
             assert self._mask is not None
-            selector = torch.tensor(keep, dtype=torch.long, device=self.device)
-            mask = self._mask.index_select(0, selector)
+            mask = self._mask[keep]
             # drop columns that are padding in every remaining row
             first_real = int((mask.cumsum(-1) == 0).sum(-1).min())
-            self._set_batch_kv(
-                [(k[selector][:, :, first_real:], v[selector][:, :, first_real:]) for k, v in self._cache],
-                mask[:, first_real:],
+            runs: list[list[int]] = []  # kept rows in runs of consecutive indices: one view (no copy) each
+            for index in keep:
+                if runs and runs[-1][1] == index:
+                    runs[-1][1] = index + 1
+                else:
+                    runs.append([index, index + 1])
+            self._set_batch(
+                [
+                    (
+                        [(k[a:b, :, first_real:], v[a:b, :, first_real:]) for k, v in self._cache],
+                        self._mask[a:b, first_real:],
+                    )
+                    for a, b in runs
+                ]
             )
         for request in leaving:
             if request.cancelled:
@@ -762,11 +752,20 @@ class LocalEngine:
             )
             self._resolve(request, generation)
 
-    def _set_batch_kv(
-        self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None
-    ) -> None:
-        """Replace the running batch's KV (rows joined or left); the next decode step re-buffers it."""
-        self._cache, self._mask, self._batch_kv = layers, mask, None
+    def _set_batch(self, parts: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]]) -> None:
+        """Make ``parts`` (rows of KV and mask, in order) the running batch's buffers; none: no batch."""
+        from agentboost.engines.batch_kv import BatchKV
+
+        self._cache, self._mask, self._batch_kv = [], None, None  # the old buffer goes once parts are copied
+        if not parts:
+            return
+        kv = BatchKV(parts, self._reserved_width(self._rows))
+        self._batch_kv, self._cache, self._mask = kv, kv.layers(), kv.mask()
+        # the prefill's per-layer KV, just copied into the batch's buffer, came from the heap: its pages go
+        # back to the system instead of staying there beside the next ones
+        if time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
+            trim_heap()
+            self._trimmed_at = time.monotonic()
 
 
 def _cache_argument(model: Any) -> str:

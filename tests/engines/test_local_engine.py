@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 from conftest import SYSTEM, add, multiply, run
@@ -116,56 +117,84 @@ def test_a_seeded_request_draws_the_same_ids_alone_and_in_a_mixed_batch(random_q
     assert max(abs(a - b) for a, b in zip(batched[0].logprobs, single.logprobs, strict=True)) <= 1e-5
 
 
+SAMPLINGS = [
+    SamplingParams(temperature=1.0, seed=1),
+    SamplingParams(temperature=0.6, top_k=50, seed=2),
+    SamplingParams(temperature=1.2, top_p=0.9, seed=3),
+    SamplingParams(temperature=0.8, top_k=300, top_p=0.7, seed=4),
+    SamplingParams(temperature=1.0, seed=5),
+]
+
+
+def _truncated_probabilities(row: torch.Tensor, sampling: SamplingParams) -> np.ndarray:
+    """The row's distribution after top-k then top-p, written out independently of the engine."""
+    values = row.double().numpy()
+    keep = np.ones(values.shape, dtype=bool)
+    if sampling.top_k and sampling.top_k < values.size:
+        keep &= values >= np.sort(values)[-sampling.top_k]
+    if sampling.top_p < 1.0:
+        order = np.argsort(-np.where(keep, values, -np.inf), kind="stable")
+        weights = np.exp(np.where(keep, values, -np.inf)[order] - values[keep].max())
+        weights /= weights.sum()
+        before = np.cumsum(weights) - weights  # mass of the ids ranked above each one
+        dropped = order[before >= sampling.top_p]
+        keep[dropped] = False
+    weights = np.where(keep, np.exp(values - values[keep].max()), 0.0)
+    return weights / weights.sum()
+
+
 @pytest.mark.parametrize(
     "rows", [[0, 2, 3, 4, 6], [0, 1, 2, 3, 4]], ids=["some-rows-greedy", "all-rows-drawn"]
 )
-def test_batched_draws_are_torch_multinomial_row_by_row(rows):
-    """The batched sampler gives every row the id torch.multinomial would draw with its generator
-    from its tempered, truncated distribution: the same seed gives the same ids as before batching."""
+def test_batched_draws_are_each_rows_own_inverse_cdf_draw(rows):
+    """Every row gets the id its own generator's uniform picks on its own tempered, truncated
+    distribution (the first id whose cumulative probability exceeds it), whatever else is in the batch."""
     from types import SimpleNamespace
 
     vocabulary = 4096
-    samplings = [
-        SamplingParams(temperature=1.0, seed=1),
-        SamplingParams(temperature=0.6, top_k=50, seed=2),
-        SamplingParams(temperature=1.2, top_p=0.9, seed=3),
-        SamplingParams(temperature=0.8, top_k=300, top_p=0.7, seed=4),
-        SamplingParams(temperature=1.0, seed=5),
-    ]
-
-    def reference(row, sampling, generator):
-        scores = row
-        if sampling.top_k and sampling.top_k < scores.numel():
-            kth = torch.topk(scores, sampling.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if sampling.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, descending=True)
-            cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-            drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= sampling.top_p
-            sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
-            scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
-
-    ours = [SimpleNamespace(sampling=s, generator=torch.Generator().manual_seed(s.seed)) for s in samplings]
-    theirs = [torch.Generator().manual_seed(s.seed) for s in samplings]
+    ours = [SimpleNamespace(sampling=s, generator=torch.Generator().manual_seed(s.seed)) for s in SAMPLINGS]
+    theirs = [torch.Generator().manual_seed(s.seed) for s in SAMPLINGS]
     logits_source = torch.Generator().manual_seed(0)
-    drawn_total = 0
+    distinct = 0
     for _ in range(40):
         width = max(rows) + 1  # rows not listed are greedy rows, not drawn
         logits = torch.randn(width, vocabulary, generator=logits_source) * 4
         temperatures = torch.ones(width, 1)
-        temperatures[rows] = torch.tensor([s.temperature for s in samplings]).unsqueeze(1)
+        temperatures[rows] = torch.tensor([s.temperature for s in SAMPLINGS]).unsqueeze(1)
         logprobs = torch.log_softmax(logits / temperatures, dim=-1)
         before = logprobs.clone()
         drawn = LocalEngine._draw(ours, logprobs, rows)
-        expected = [
-            reference(logprobs[row], sampling, generator)
-            for row, sampling, generator in zip(rows, samplings, theirs, strict=True)
-        ]
+        expected = []
+        for row, sampling, generator in zip(rows, SAMPLINGS, theirs, strict=True):
+            probabilities = _truncated_probabilities(logprobs[row], sampling)
+            uniform = float(torch.rand(1, dtype=torch.float64, generator=generator))
+            expected.append(int(np.searchsorted(np.cumsum(probabilities), uniform, side="right")))
+            assert probabilities[drawn[len(expected) - 1]] > 0  # never a truncated id
         assert drawn == expected
         assert torch.equal(logprobs, before)  # the stored logprobs stay those of the whole distribution
-        drawn_total += len(set(drawn))
-    assert drawn_total > 40  # the draws vary
+        distinct += len(set(drawn))
+    assert distinct > 40  # the draws vary
+
+
+def test_draws_follow_the_distribution_and_never_pick_truncated_ids():
+    """20,000 draws from a known 6-id distribution land on each id at its probability (within 5
+    standard deviations), and with top_k=3 only the three likeliest ids ever come out."""
+    from types import SimpleNamespace
+
+    probabilities = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.07, 0.03])
+    logprobs = probabilities.log().unsqueeze(0)
+    draws = 20_000
+    for sampling, allowed in (
+        (SamplingParams(temperature=1.0, seed=7), probabilities),
+        (SamplingParams(temperature=1.0, top_k=3, seed=8), torch.tensor([0.4, 0.25, 0.15, 0, 0, 0]) / 0.8),
+    ):
+        request = SimpleNamespace(sampling=sampling, generator=torch.Generator().manual_seed(sampling.seed))
+        drawn = [LocalEngine._draw([request], logprobs, [0])[0] for _ in range(draws)]
+        counts = np.bincount(drawn, minlength=6)
+        expected = allowed.double().numpy() * draws
+        spread = np.sqrt(expected * (1 - allowed.double().numpy())) + 1e-9
+        assert np.all(np.abs(counts - expected) <= 5 * spread), (counts, expected)
+        assert np.all(counts[expected == 0] == 0)
 
 
 def test_stop_ids_context_and_cancellation(random_qwen3):
