@@ -21,6 +21,7 @@ Imported lazily by :mod:`agentboost.engines.local` (it imports transformers).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -36,17 +37,17 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 class _InPlaceLayer(DynamicLayer):
     """One layer's keys and values, views of its group's buffer; ``keys``/``values`` the filled columns."""
 
-    def __init__(self, owner: BatchKV, group: int, index: int) -> None:
+    def __init__(self, owner: BatchKV, buffer: torch.Tensor, index: int, width: int) -> None:
         super().__init__()
-        self._owner, self._group, self._index = owner, group, index
-        buffer = owner._buffers[group]
+        # a weak reference: a cycle would keep the batch's buffer alive until the cyclic collector ran
+        self._owner = weakref.ref(owner)
+        self._index = index
         self.dtype, self.device = buffer.dtype, buffer.device
         self.is_initialized = True
-        self.point(owner.width)
+        self.point(buffer, width)
 
-    def point(self, width: int) -> None:
-        """Re-read the group's buffer (after a growth) and view its first ``width`` columns."""
-        buffer = self._owner._buffers[self._group]
+    def point(self, buffer: torch.Tensor, width: int) -> None:
+        """Use the group's ``buffer`` (a new one after a growth) and view its first ``width`` columns."""
         self._key_buffer, self._value_buffer = buffer[self._index, 0], buffer[self._index, 1]
         self.keys, self.values = self._key_buffer[..., :width, :], self._value_buffer[..., :width, :]
 
@@ -56,7 +57,10 @@ class _InPlaceLayer(DynamicLayer):
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
         if end > self._key_buffer.shape[-2]:
-            self._owner.reserve(end)  # grows every layer's buffer at once
+            owner = self._owner()
+            if owner is None:
+                raise RuntimeError("a BatchKV layer outlived its batch")
+            owner.reserve(end)  # grows every layer's buffer at once
         self._key_buffer[..., start:end, :] = key_states
         self._value_buffer[..., start:end, :] = value_states
         self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
@@ -112,7 +116,9 @@ class BatchKV:
                     target[:, :, :, :start].zero_()  # masked out, but must be finite for attention
             self._mask_buffer[row : row + count, start : self.width] = mask
             row += count
-        self._layers = [_InPlaceLayer(self, group, index) for group, index in self._slots]
+        self._layers = [
+            _InPlaceLayer(self, self._buffers[group], index, self.width) for group, index in self._slots
+        ]
         self.cache = Cache(layers=list(self._layers))
 
     def reserve(self, width: int) -> None:
@@ -129,8 +135,8 @@ class BatchKV:
             bigger[..., :columns, :] = buffer[..., :columns, :]
             grown.append(bigger)
         self._buffers = grown  # the old ones are freed as the layers re-point
-        for layer, columns in zip(self._layers, filled, strict=True):
-            layer.point(columns)
+        for layer, (group, _), columns in zip(self._layers, self._slots, filled, strict=True):
+            layer.point(self._buffers[group], columns)
         mask = self._mask_buffer.new_zeros((self.rows, capacity))
         mask[:, : self.width] = self._mask_buffer[:, : self.width]
         self._mask_buffer = mask
