@@ -48,7 +48,7 @@ class Checkpoints:
         staging = self.directory / f".staging-{step:06d}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        trainable = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+        trainable = {n: _own_storage(p) for n, p in model.named_parameters() if p.requires_grad}
         torch.save(trainable, staging / "model.pt")
         torch.save(optimizer.state_dict(), staging / "optimizer.pt")
         torch.save(rng_state(), staging / "rng.pt")
@@ -148,6 +148,18 @@ def _read(path: Path, read: Any) -> Any:
         raise DamagedCheckpointError(
             f"checkpoint file {path} is damaged ({type(error).__name__}: {error})"
         ) from error
+
+
+def _own_storage(parameter: torch.Tensor) -> torch.Tensor:
+    """The parameter's values in a tensor that owns exactly its storage, copied only where needed.
+
+    ``torch.save`` writes whole storages: a CPU parameter that owns its storage is written as it is
+    (no model-sized copy in memory while checkpointing); a view into a larger one, or a GPU tensor,
+    is copied first.
+    """
+    tensor = parameter.detach().cpu()  # a copy for GPU tensors, the parameter itself on CPU
+    exact = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return tensor if exact and tensor.is_contiguous() and tensor.storage_offset() == 0 else tensor.clone()
 
 
 def rng_state() -> dict[str, Any]:
