@@ -7,7 +7,7 @@
 #   bash examples/math/train.sh
 #
 # Writes runs/math-sft, runs/math-grpo, runs/math-eval/{base,warmup,final}.json and the two-stage
-# curve runs/math_curve.png. About 18 minutes on 2 idle CPU cores (docs/training.md).
+# curve runs/math_curve.png. About 15 minutes on 2 idle CPU cores (docs/training.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
