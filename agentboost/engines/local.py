@@ -162,6 +162,7 @@ class LocalEngine:
         self._packed = PackedLinears(model) if packed_weights and packing_supported(model) else None
         self._steady = (0, 0)  # (decode batch size, steps it has lasted)
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
+        self._trim_due = False  # the batch changed since: the next decode step may trim
 
     @classmethod
     def from_pretrained(
@@ -580,6 +581,13 @@ class LocalEngine:
         """One token for every running sequence, its keys and values written in place (no copy)."""
         kv = self._batch_kv
         assert kv is not None
+        # the batch changed since the last step: a prefill's activations and per-layer KV, copied into the
+        # batch's buffer and freed when the prefill returned, came from the heap; their pages go back to
+        # the system instead of staying there beside the next ones
+        if self._trim_due and time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
+            trim_heap()
+            self._trimmed_at = time.monotonic()
+            self._trim_due = False
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
@@ -763,11 +771,7 @@ class LocalEngine:
             return
         kv = BatchKV(parts, self._reserved_width(self._rows))
         self._batch_kv, self._cache, self._mask = kv, kv.layers(), kv.mask()
-        # the prefill's per-layer KV, just copied into the batch's buffer, came from the heap: its pages go
-        # back to the system instead of staying there beside the next ones
-        if time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
-            trim_heap()
-            self._trimmed_at = time.monotonic()
+        self._trim_due = True
 
 
 def _cache_argument(model: Any) -> str:
