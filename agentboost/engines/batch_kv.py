@@ -135,8 +135,8 @@ class BatchKV:
             bigger[..., :columns, :] = buffer[..., :columns, :]
             grown.append(bigger)
         self._buffers = grown  # the old ones are freed as the layers re-point
-        for layer, (group, _), columns in zip(self._layers, self._slots, filled, strict=True):
-            layer.point(self._buffers[group], columns)
+        for layer, (group, _), layer_columns in zip(self._layers, self._slots, filled, strict=True):
+            layer.point(self._buffers[group], layer_columns)
         mask = self._mask_buffer.new_zeros((self.rows, capacity))
         mask[:, : self.width] = self._mask_buffer[:, : self.width]
         self._mask_buffer = mask
