@@ -62,7 +62,7 @@ from agentboost.engines.base import Generation, RolloutKey, SamplingParams, chec
 from agentboost.engines.packed_linear import MIN_ROWS, STEADY_STEPS, PackedLinears, packing_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
-from agentboost.memory import trim_heap
+from agentboost.memory import large_blocks_from_heap, trim_heap
 
 logger = logging.getLogger(__name__)
 
@@ -486,13 +486,16 @@ class LocalEngine:
                 if kv is not None:
                     stacked[:, :, row, :, past - length :] = kv
             cache = DynamicCache([(stacked[layer, 0], stacked[layer, 1]) for layer in range(layers)])
-        output = self._forward(
-            input_ids=input_ids.to(self.device),
-            attention_mask=mask,
-            position_ids=positions.to(self.device),
-            use_cache=True,
-            **{self._cache_argument: cache},
-        )
+        # a batched prefill's activations are tens of MB each, made and freed layer after layer: from
+        # the heap and reused, not mapped afresh and page-faulted in each time (trimmed at the next step)
+        with large_blocks_from_heap():
+            output = self._forward(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask,
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                **{self._cache_argument: cache},
+            )
         layers_kv = [(layer.keys, layer.values) for layer in cache.layers]
         return output, layers_kv, mask, cached
 
