@@ -252,7 +252,18 @@ class PrefixCache:
             self._make_room(0, keep=self._root)
 
     def clear(self) -> None:
-        """Drop every entry (the weights changed)."""
+        """Drop every entry (the weights changed).
+
+        Every node points at its parent and its parent at it: a tree merely let go of is a reference
+        cycle, and its KV would stay in memory until Python's cycle collector happened to run (a 16-row
+        benchmark's cache, 0.36 GiB, outlived each clear and the process grew by that much a run). The
+        tree is unlinked node by node instead, so its tensors go as soon as nothing else holds them.
+        """
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children, node.parent, node.kv = {}, None, None
         self._root = _Node((), None, None)
         self._tokens = self._bytes = self._entries = 0
         self._sync_stats()

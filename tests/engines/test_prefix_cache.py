@@ -7,6 +7,8 @@ Every test runs the same requests through an engine with the cache and one witho
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -354,6 +356,31 @@ def test_the_cache_matches_at_token_level_and_splits_runs():
     assert torch.equal(matched[:, :, :, 3:], other[:, :, :, :1])
     cache.check_invariants()
     assert cache.stats.tokens == 9 and cache.stats.entries == 3
+
+
+def test_a_cleared_cache_frees_its_kv_at_once_without_the_cycle_collector():
+    cache = PrefixCache(budget_bytes=10_000)
+    cache.insert([1, 2, 3, 4, 5, 6], torch.zeros(2, 2, 1, 6, 1))
+    cache.insert([1, 2, 3, 7, 8, 9], torch.ones(2, 2, 1, 3, 1), offset=3)  # a split: three nodes
+    _, matched = cache.match([1, 2, 3, 7, 8], limit=5)
+    assert matched is not None
+    held = []
+    stack = list(cache._root.children.values())
+    while stack:
+        node = stack.pop()
+        held.append(weakref.ref(node.kv))
+        stack.extend(node.children.values())
+    assert len(held) == 3
+    del matched, node, stack
+    gc.disable()
+    try:
+        cache.clear()
+        assert [ref() for ref in held] == [None, None, None]
+    finally:
+        gc.enable()
+    assert cache.match_length([1, 2, 3]) == 0 and cache.stats.bytes == 0
+    cache.insert([1, 2], torch.zeros(2, 2, 1, 2, 1))  # and it is usable after
+    assert cache.match_length([1, 2, 5]) == 2
 
 
 # SmolLM2 (30 layers) in fp32 is only exact to a few 1e-5: against a float64 forward, its last-token
