@@ -8,6 +8,9 @@ what to read on a shared machine; the load average is printed before and after):
 3. **multiturn**: 8 concurrent conversations x 5 turns, 64 new tokens a turn, each turn's prompt the
    previous prompt + what was generated + 24 ids of a "tool result".
 
+And one more, run only when named in ``--only``: **prefill16**, batch16's prompts with one new token
+each, whose rate counts the prompt ids prefilled (6,400 a run): the prefill alone, side by side.
+
 Both sides sample at temperature 1 without per-request seeds and without stop ids (vLLM with
 ``ignore_eos``), so every request generates exactly its budget. The vLLM server is started here when
 ``--vllm-python`` (default ``$AGENTBOOST_VLLM_PYTHON`` or ``/work/venvs/vllm/bin/python``) exists, with
@@ -62,6 +65,9 @@ TEXT = (
 )
 
 
+DEFAULT_WORKLOADS = ("batch16", "stream", "multiturn")
+
+
 def prompts(tokenizer: Any, count: int, length: int = 400) -> list[list[int]]:
     made = []
     for index in range(count):
@@ -76,6 +82,12 @@ async def batch(engine: Any, prompt_ids: Sequence[list[int]], new_tokens: int) -
         *(engine.generate(ids, sampling, max_new_tokens=new_tokens) for ids in prompt_ids)
     )
     return sum(len(r.token_ids) for r in results)
+
+
+async def prefills(engine: Any, prompt_ids: Sequence[list[int]]) -> int:
+    """Prompt ids prefilled: each prompt generates one token."""
+    await batch(engine, prompt_ids, 1)
+    return sum(len(ids) for ids in prompt_ids)
 
 
 async def conversations(engine: Any, firsts: Sequence[list[int]], turns: int, new_tokens: int) -> int:
@@ -113,6 +125,7 @@ def workloads(tokenizer: Any, small: bool = False) -> dict[str, Callable[[Any], 
         "batch16": lambda engine: batch(engine, sixteen, new_tokens),
         "stream": lambda engine: batch(engine, sixteen[:1], new_tokens),
         "multiturn": lambda engine: conversations(engine, eight, turns, new_tokens // 2),
+        "prefill16": lambda engine: prefills(engine, sixteen),
     }
 
 
@@ -157,7 +170,7 @@ def compare_trees(args: argparse.Namespace) -> None:
     """Embedded only, one side per source tree, alternating; medians and ratios to the first tree."""
     trees = dict(entry.split("=", 1) for entry in args.tree)
     sides = {name: TreeEngine(path, args) for name, path in trees.items()}
-    names = [n for n in ("batch16", "stream", "multiturn") if not args.only or n in args.only]
+    names = list(args.only or DEFAULT_WORKLOADS)
     print(f"load average before: {os.getloadavg()}", flush=True)
     rates: dict[tuple[str, str], list[float]] = {}
     for name in names:
@@ -346,7 +359,7 @@ def main() -> None:
         "--warmup", type=int, default=1, help="untimed runs of each workload on each side before timed ones"
     )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--only", nargs="+", choices=["batch16", "stream", "multiturn"])
+    parser.add_argument("--only", nargs="+", choices=[*DEFAULT_WORKLOADS, "prefill16"])
     parser.add_argument(
         "--vllm-python", default=os.environ.get("AGENTBOOST_VLLM_PYTHON", "/work/venvs/vllm/bin/python")
     )
@@ -369,7 +382,7 @@ def main() -> None:
         "--tree", action="append", default=[], help="NAME=PATH: an embedded side from that tree"
     )
     parser.add_argument("--small", action="store_true", help="tiny workloads: check the script end to end")
-    parser.add_argument("--worker", choices=["batch16", "stream", "multiturn"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*DEFAULT_WORKLOADS, "prefill16"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -407,7 +420,7 @@ def main() -> None:
     idle_cpu: list[float] = []  # CPU the idle server used just before each embedded run, in cores
     try:
         for name, workload in workloads(tokenizer, args.small).items():
-            if args.only and name not in args.only:
+            if name not in (args.only or DEFAULT_WORKLOADS):
                 continue
             for repeat in range(-args.warmup, args.repeats):
                 for side, engine in sides.items():

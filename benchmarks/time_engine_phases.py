@@ -1,11 +1,12 @@
 """Where the embedded engine's time goes on the workloads of bench_engine_vs_vllm.py, phase by phase.
 
-Runs a workload (``batch16``, ``stream``, ``multiturn``; each on a fresh engine, ``--repeats`` times)
-with the engine's own methods timed in place: prefills (``_prefill``), decode steps (``_decode_step``,
-sampling included), sampling alone (``_sample``), the batch's re-buffering on joins and departures
-(``_set_batch``), departures (``_retire``, prefix-cache insertions included) and prefix-cache
-insertions (``_hold``). Prints calls and seconds for each next to the workload's wall time. Phases nest
-(a decode step contains its sampling, a departure its insertions), so they do not add up.
+Runs a workload (``batch16``, ``stream``, ``multiturn``, ``prefill16``; each on a fresh engine,
+``--repeats`` times) with the engine's own methods timed in place: prefills (``_prefill``), decode steps
+(``_decode_step``, sampling included), sampling alone (``_sample``), the batch's re-buffering on joins
+and departures (``_set_batch``), departures (``_retire``, prefix-cache insertions included) and
+prefix-cache insertions (``_hold``). Prints calls and seconds for each next to the workload's wall
+time. Phases nest (a decode step contains its sampling, a departure its insertions), so they do not add
+up.
 
     python benchmarks/time_engine_phases.py batch16 multiturn [--repeats 2]
 """
@@ -47,7 +48,7 @@ def instrument(totals: dict[str, list[float]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workloads", nargs="+", choices=["batch16", "stream", "multiturn"])
+    parser.add_argument("workloads", nargs="+", choices=["batch16", "stream", "multiturn", "prefill16"])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
