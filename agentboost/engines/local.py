@@ -62,7 +62,7 @@ from agentboost.engines.base import Generation, RolloutKey, SamplingParams, chec
 from agentboost.engines.packed_linear import MIN_ROWS, STEADY_STEPS, PackedLinears, packing_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
-from agentboost.memory import large_blocks_from_heap, trim_heap
+from agentboost.memory import GLIBC_MMAP_THRESHOLD_MAX, large_blocks_from_heap, trim_heap
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,10 @@ REBUFFER_TRIM_INTERVAL_S = 2.0
 """At most one heap trim this often when the batch changes (the prefill's per-layer KV, freed once
 copied into the batch's buffer, came from the heap): a trim costs 7-60 ms, and a trainer's rollouts
 change their batch every time an agent's turn starts or ends."""
+LARGE_PREFILL_BYTES = GLIBC_MMAP_THRESHOLD_MAX
+"""A prefill whose widest activation (rows x width x the model's widest feature size) reaches this runs
+inside :func:`~agentboost.memory.large_blocks_from_heap`, and the heap is trimmed as soon as it is done:
+below it, glibc serves its blocks from the heap anyway and nothing changes."""
 MIN_SHARED_PREFIX = 16
 """Requests admitted together must share at least this many uncached tokens to prefill them once."""
 
@@ -163,6 +167,10 @@ class LocalEngine:
         self._steady = (0, 0)  # (decode batch size, steps it has lasted)
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
         self._trim_due = False  # the batch changed since: the next decode step may trim
+        self._trim_now = False  # a large prefill kept its freed blocks in the heap: trim, not rate-limited
+        config = model.config
+        widest = max(getattr(config, "intermediate_size", 0) or 0, getattr(config, "hidden_size", 0) or 0)
+        self._activation_row_bytes = widest * next(model.parameters()).element_size()
 
     @classmethod
     def from_pretrained(
@@ -327,6 +335,8 @@ class LocalEngine:
                         self._admitting = []
                     if self._rows:
                         self._decode_step()
+                    elif self._trim_now:  # a large prefill whose rows all ended at their first token
+                        self._trim()
         except BaseException as error:  # a crash must not leave awaiting rollouts hanging
             logger.exception("the local engine's scheduler crashed")
             crash = EngineError(f"the local engine crashed: {type(error).__name__}: {error}")
@@ -486,9 +496,12 @@ class LocalEngine:
                 if kv is not None:
                     stacked[:, :, row, :, past - length :] = kv
             cache = DynamicCache([(stacked[layer, 0], stacked[layer, 1]) for layer in range(layers)])
-        # a batched prefill's activations are tens of MB each, made and freed layer after layer: from
-        # the heap and reused, not mapped afresh and page-faulted in each time (trimmed at the next step)
-        with large_blocks_from_heap():
+        # a large batched prefill's activations are tens of MB each, made and freed layer after layer:
+        # from the heap and reused, not mapped afresh and page-faulted in each time; trimmed right after
+        large = (
+            self._activation_row_bytes and rows * width * self._activation_row_bytes >= LARGE_PREFILL_BYTES
+        )
+        with large_blocks_from_heap() if large else contextlib.nullcontext():
             output = self._forward(
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask,
@@ -497,6 +510,7 @@ class LocalEngine:
                 **{self._cache_argument: cache},
             )
         layers_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._trim_now = self._trim_now or bool(large)
         return output, layers_kv, mask, cached
 
     def _hold(
@@ -587,10 +601,10 @@ class LocalEngine:
         # the batch changed since the last step: a prefill's activations and per-layer KV, copied into the
         # batch's buffer and freed when the prefill returned, came from the heap; their pages go back to
         # the system instead of staying there beside the next ones
-        if self._trim_due and time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S:
-            trim_heap()
-            self._trimmed_at = time.monotonic()
-            self._trim_due = False
+        if self._trim_now or (
+            self._trim_due and time.monotonic() - self._trimmed_at >= REBUFFER_TRIM_INTERVAL_S
+        ):
+            self._trim()
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
@@ -607,6 +621,11 @@ class LocalEngine:
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
         self._sample(output.logits[:, -1, :], first_row=0)
+
+    def _trim(self) -> None:
+        trim_heap()
+        self._trimmed_at = time.monotonic()
+        self._trim_due = self._trim_now = False
 
     def _packs_for(self, rows: int) -> PackedLinears | None:
         """The packed weights for a step of ``rows`` rows, packed once that batch size is steady."""

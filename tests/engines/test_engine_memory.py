@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 
 import pytest
 from conftest import run, tiny_qwen3
 
+import agentboost.engines.local as local
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine, _kv_bytes_per_token
 from agentboost.errors import ConfigError, EngineError
-from agentboost.memory import resident_bytes, trim_heap
+from agentboost.memory import large_blocks_from_heap, resident_bytes, trim_heap
 
 GREEDY = SamplingParams(temperature=0)
 BUDGET = 10
@@ -120,3 +122,37 @@ def test_release_memory_drops_an_idle_engines_prefix_cache_and_results_stay_the_
     assert [r.token_ids for r in again] == [r.token_ids for r in first]
     for a, b in zip(again, first, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize(("threshold", "large"), [(1, True), (1 << 40, False)])
+def test_only_a_large_prefill_keeps_its_blocks_in_the_heap_and_the_heap_is_trimmed_right_after(
+    monkeypatch, threshold, large
+):
+    """A prefill at least ``LARGE_PREFILL_BYTES`` wide runs inside ``large_blocks_from_heap``, and the
+    heap is trimmed before the next decode step's forward, not rate-limited; a smaller one changes
+    nothing. Recorded on the real engine's calls (the allocator's effect itself: tests/test_heap.py)."""
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def recorded():
+        events.append("enter")
+        with large_blocks_from_heap():
+            yield True
+        events.append("exit")
+
+    monkeypatch.setattr(local, "large_blocks_from_heap", recorded)
+    monkeypatch.setattr(local, "trim_heap", lambda: events.append("trim"))
+    monkeypatch.setattr(local, "LARGE_PREFILL_BYTES", threshold)
+    engine = LocalEngine(tiny_qwen3(), prefix_cache_bytes=0)
+    engine._trimmed_at = float("inf")  # the rate-limited trim after a batch change never comes due here
+    original_forward = engine._forward
+    monkeypatch.setattr(
+        engine, "_forward", lambda **inputs: events.append("forward") or original_forward(**inputs)
+    )
+    results = run(serve(engine, prompts(4, 40), max_new_tokens=3))
+    assert [len(r.token_ids) for r in results] == [3, 3, 3, 3]
+    if large:
+        # prefill inside the block, then a trim before the first decode step's forward
+        assert events[:4] == ["enter", "forward", "exit", "trim"], events
+    else:
+        assert "enter" not in events and events[:2] == ["forward", "forward"], events
