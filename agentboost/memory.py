@@ -70,7 +70,7 @@ def large_blocks_from_heap() -> Iterator[bool]:
     the heap and are reused; what that costs is the freed blocks' pages, kept until the next
     :func:`trim_heap` (the engine trims at its next decode step).
 
-    Yields whether the thresholds were changed (False off glibc). Process-wide (``mallopt`` has no
+    Yields False off glibc (nothing is changed there), True otherwise. Process-wide (``mallopt`` has no
     per-thread setting) and nestable across threads: the first entry raises both thresholds, the
     last exit sets them to where glibc's dynamic thresholds end up (``GLIBC_*_THRESHOLD_MAX``).
     """
