@@ -498,9 +498,7 @@ class LocalEngine:
             cache = DynamicCache([(stacked[layer, 0], stacked[layer, 1]) for layer in range(layers)])
         # a large batched prefill's activations are tens of MB each, made and freed layer after layer:
         # from the heap and reused, not mapped afresh and page-faulted in each time; trimmed right after
-        large = (
-            self._activation_row_bytes and rows * width * self._activation_row_bytes >= LARGE_PREFILL_BYTES
-        )
+        large = rows * width * self._activation_row_bytes >= LARGE_PREFILL_BYTES  # never, widths unknown
         with large_blocks_from_heap() if large else contextlib.nullcontext():
             output = self._forward(
                 input_ids=input_ids.to(self.device),
@@ -510,7 +508,7 @@ class LocalEngine:
                 **{self._cache_argument: cache},
             )
         layers_kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self._trim_now = self._trim_now or bool(large)
+        self._trim_now = self._trim_now or large
         return output, layers_kv, mask, cached
 
     def _hold(
