@@ -461,8 +461,8 @@ def main() -> None:
     print(
         f"\nembedded: model loaded {(loaded_rss - base_rss) / gib:.2f} GiB, process RSS at the end "
         f"{resident_bytes() / gib:.2f} GiB, KV held after a workload up to {peak_kv / gib:.2f} GiB "
-        f"(budget {local.memory_budget_bytes / gib:.1f} GiB); decode steps {local.steps}, "
-        f"{getattr(local, 'packed_steps', 0)} of them on packed weights"
+        f"(budget {local.memory_budget_bytes / gib:.1f} GiB); decode steps {local.steps}; forward "
+        f"passes on packed weights {getattr(local, 'packed_passes', getattr(local, 'packed_steps', 0))}"
     )
     if server is not None:
         print(f"vLLM server process tree RSS: {vllm_rss / gib:.2f} GiB")

@@ -55,8 +55,8 @@ def main() -> None:
                 rates.setdefault((name, packed), []).append(rate)
                 side = "packed" if packed else "unpacked"
                 print(
-                    f"  {name} {side}: {rate:.1f} tok/s, {engine.packed_steps} of {engine.steps} decode "
-                    "steps on packs",
+                    f"  {name} {side}: {rate:.1f} tok/s, {engine.packed_passes} forward passes on packs, "
+                    f"{engine.steps} decode steps",
                     flush=True,
                 )
     print(f"load average after: {os.getloadavg()}")

@@ -21,8 +21,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine, _Request
-from agentboost.engines.packed_linear import STEADY_STEPS
 from agentboost.errors import EngineError
+
+WARMUP_STEPS = 3
 
 
 def requests(batch: int, length: int, loop: asyncio.AbstractEventLoop) -> list[_Request]:
@@ -39,7 +40,7 @@ def profile_batch(engine: LocalEngine, batch: int, length: int, steps: int) -> N
     loop = asyncio.new_event_loop()
     with torch.inference_mode():
         engine._prefill(requests(batch, length, loop))
-        for _ in range(STEADY_STEPS + 2):  # a steady batch size gets its packed weights after these
+        for _ in range(WARMUP_STEPS):
             engine._decode_step()
         started = time.perf_counter()
         for _ in range(steps):
@@ -50,10 +51,11 @@ def profile_batch(engine: LocalEngine, batch: int, length: int, steps: int) -> N
                 engine._decode_step()
     events = profiler.key_averages()
     # self times of leaf operators (aten::*) add up to the time spent inside kernels
-    operator_us = sum(e.self_cpu_time_total for e in events if e.key.startswith(("aten::", "mkl::"))) / steps
-    print(f"\n== batch {batch}, prompt {length} ids, cache ~{length + STEADY_STEPS + 2 + steps} positions")
+    kernels = ("aten::", "mkl::", "mkldnn::")
+    operator_us = sum(e.self_cpu_time_total for e in events if e.key.startswith(kernels)) / steps
+    print(f"\n== batch {batch}, prompt {length} ids, cache ~{length + WARMUP_STEPS + steps} positions")
     print(
-        f"{wall * 1e3:.1f} ms a step unprofiled ({batch / wall:.1f} tok/s); inside aten/mkl operators: "
+        f"{wall * 1e3:.1f} ms a step unprofiled ({batch / wall:.1f} tok/s); inside operators: "
         f"{operator_us / 1e3:.1f} ms a step ({operator_us / 1e6 / wall:.0%} of the unprofiled step)"
     )
     print(events.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=40))

@@ -59,7 +59,7 @@ import torch
 
 from agentboost.engines import decode_attention
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
-from agentboost.engines.packed_linear import MIN_ROWS, STEADY_STEPS, PackedLinears, packing_supported
+from agentboost.engines.packed_linear import PackedLinears, onednn_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import GLIBC_MMAP_THRESHOLD_MAX, large_blocks_from_heap, trim_heap
@@ -71,7 +71,7 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 DEFAULT_MEMORY_BUDGET_BYTES = 2 << 30
 """KV of the running batch and the prefix cache together: 2 GiB, 46k tokens of SmolLM2-135M in fp32."""
 PACKED_IDLE_RELEASE_S = 1.0
-"""An engine with nothing to run for this long drops its packed weights (rebuilt in ~0.14 s on demand)."""
+"""An engine with nothing to run for this long drops its packed weights (rebuilt in ~0.2 s on demand)."""
 REBUFFER_TRIM_INTERVAL_S = 2.0
 """At most one heap trim this often when the batch changes (the prefill's per-layer KV, freed once
 copied into the batch's buffer, came from the heap): a trim costs 7-60 ms, and a trainer's rollouts
@@ -110,6 +110,11 @@ class LocalEngine:
     joins the batch only while the batch's projected KV (every row at its prompt plus ``max_new_tokens``,
     padded to the longest) fits beside the prefix cache, which gives up its least recently used entries
     to make room. :meth:`close` frees all of it.
+
+    On CPU with fp32 weights the engine's forward passes run the model's linear layers through oneDNN
+    (``onednn_linears=False``: PyTorch's own ``F.linear``), on packed copies of the weights made once per
+    weights version and dropped when idle (``packed_weights=False``: no copies, oneDNN reorders each
+    weight inside each call); see :mod:`agentboost.engines.packed_linear`.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class LocalEngine:
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
         packed_weights: bool = True,
+        onednn_linears: bool = True,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -148,7 +154,7 @@ class LocalEngine:
         self._lengths: list[int] = []  # real tokens held per row
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
-        self.packed_steps = 0  # decode steps that ran on the packed weights
+        self.packed_passes = 0  # forward passes (prefills and decode steps) that ran on packed weights
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
         self.memory_budget_bytes = memory_budget_bytes
@@ -162,9 +168,9 @@ class LocalEngine:
         self._cache_argument = _cache_argument(model)
         # one-token steps attend with grouped query heads instead of a per-head copy of the cache
         self.grouped_decode_attention = decode_attention.use_for(model)
-        # MKL-packed copies of the linear weights for batched CPU decode steps (packed_linear.py)
-        self._packed = PackedLinears(model) if packed_weights and packing_supported(model) else None
-        self._steady = (0, 0)  # (decode batch size, steps it has lasted)
+        # fp32 CPU linears through oneDNN, on packed copies of the weights unless packed_weights=False
+        self._linears = PackedLinears(model) if onednn_linears and onednn_supported(model) else None
+        self._pack_weights = packed_weights
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
         self._trim_due = False  # the batch changed since: the next decode step may trim
         self._trim_now = False  # a large prefill kept its freed blocks in the heap: trim, not rate-limited
@@ -249,7 +255,7 @@ class LocalEngine:
 
     def release_memory(self) -> None:
         """Drop what the engine rebuilds on demand, for code that shares the model with other work (an
-        update between rollouts): the packed weights of its batched decode steps (about the size of the
+        update between rollouts): the packed weights of its forward passes (about the size of the
         model's linear weights; an idle engine drops them by itself after ``PACKED_IDLE_RELEASE_S``) and,
         when no request is queued or running, the prefix cache (an update makes its entries stale anyway,
         but they would otherwise be dropped only at the next prefill)."""
@@ -258,8 +264,8 @@ class LocalEngine:
             if not self._queue and not self._rows and not self._admitting and self.prefix_cache.stats.entries:
                 self.prefix_cache.clear()
                 released = True
-        if self._packed is not None and self._packed.held:
-            self._packed.release()
+        if self._linears is not None and self._linears.held:
+            self._linears.release()
             released = True
         if released:
             trim_heap()
@@ -299,8 +305,8 @@ class LocalEngine:
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
         self._set_batch([])
         self.prefix_cache.clear()
-        if self._packed is not None:
-            self._packed.release()
+        if self._linears is not None:
+            self._linears.release()
         trim_heap()
 
     def _raise_if_closed(self) -> None:
@@ -322,10 +328,10 @@ class LocalEngine:
                 while True:
                     with self._wake:
                         while not self._closed and not self._queue and not self._rows:
-                            if self._packed is None or not self._packed.held:
+                            if self._linears is None or not self._linears.held:
                                 self._wake.wait()
                             elif not self._wake.wait(timeout=PACKED_IDLE_RELEASE_S):
-                                self._packed.release()  # idle: give the packed weights' memory back
+                                self._linears.release()  # idle: give the packed weights' memory back
                                 trim_heap()
                         if self._closed:
                             break
@@ -449,6 +455,11 @@ class LocalEngine:
     # --- model steps ------------------------------------------------------------------------------
 
     def _forward(self, **inputs: Any) -> Any:
+        linears = self._linears_for_pass()
+        with linears.active() if linears is not None else contextlib.nullcontext():
+            return self._model_forward(**inputs)
+
+    def _model_forward(self, **inputs: Any) -> Any:
         if self._logits_to_keep:
             try:
                 return self.model(**inputs, logits_to_keep=1)
@@ -606,15 +617,13 @@ class LocalEngine:
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
-        packed = self._packs_for(rows)
-        with packed.active() if packed is not None else contextlib.nullcontext():
-            output = self._forward(
-                input_ids=input_ids,
-                attention_mask=kv.next_mask(),
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_argument: kv.cache},
-            )
+        output = self._forward(
+            input_ids=input_ids,
+            attention_mask=kv.next_mask(),
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_argument: kv.cache},
+        )
         self._cache, self._mask = kv.layers(), kv.mask()
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
@@ -625,18 +634,16 @@ class LocalEngine:
         self._trimmed_at = time.monotonic()
         self._trim_due = self._trim_now = False
 
-    def _packs_for(self, rows: int) -> PackedLinears | None:
-        """The packed weights for a step of ``rows`` rows, packed once that batch size is steady."""
-        if self._packed is None or rows < MIN_ROWS:
+    def _linears_for_pass(self) -> PackedLinears | None:
+        """The oneDNN linears for one forward pass, packed first for the current weights when packing."""
+        if self._linears is None:
             return None
-        self._steady = (rows, self._steady[1] + 1) if self._steady[0] == rows else (rows, 1)
-        epoch = self._current_epoch()  # packs of older weights are never used
-        if not self._packed.usable(rows, epoch):
-            if self._steady[1] < STEADY_STEPS:
-                return None
-            self._packed.pack(rows, epoch)
-        self.packed_steps += 1
-        return self._packed
+        if self._pack_weights:
+            epoch = self._current_epoch()  # packs of older weights are never used
+            if not self._linears.usable(epoch):
+                self._linears.pack(epoch)
+            self.packed_passes += 1
+        return self._linears
 
     def _sample(self, logits: torch.Tensor, *, first_row: int) -> None:
         """Choose the next id of rows first_row.. from their logits; retire rows that are done."""

@@ -1,24 +1,25 @@
-"""Packed copies of a model's linear weights, for the embedded engine's batched CPU decode steps.
+"""The embedded engine's fp32 CPU linears through oneDNN, on packed copies of the weights when held.
 
-A decode step multiplies a few rows (one per running sequence) by every weight matrix of the model.
-At that shape, MKL's plain ``sgemm`` spends much of its time re-arranging the weight into the blocked
-layout its kernel reads; ``cblas_sgemm_pack`` does that once and the packed matrix is then reused step
-after step. PyTorch exposes both (``torch.ops.mkl._mkl_reorder_linear_weight`` and
-``torch.ops.mkl._mkl_linear``, what Inductor uses for frozen fp32 linears on CPU). Measured on
-SmolLM2-135M fp32, 2 threads (docs/engines.md; ``benchmarks/bench_packed_weights.py`` compares whole
-workloads): a decode step is about 1.13x faster at batch 16 and 1.2x at batch 8, and slower at
-batch 1, where MKL takes a matrix-vector path anyway; so the engine uses the packs from
-:data:`MIN_ROWS` rows up.
+Every forward pass the engine runs (a prefill, a decode step) is mostly ``x @ W.T`` over the model's
+linear weights. PyTorch's ``F.linear`` on CPU is MKL's ``sgemm``, which re-arranges the weight into its
+kernel's blocked layout on every call and, on AMD processors, runs slower code paths than the
+processor supports. oneDNN (the library vLLM-CPU's linears use; in PyTorch as
+``torch.ops.mkldnn._linear_pointwise``) reads either the plain weight or a copy reordered once into its
+own blocked layout (``torch.ops.mkldnn._reorder_linear_weight``). A reordered copy serves any row count,
+so one set of packs serves a prefill of thousands of rows and decode steps of one to many. Measured on
+SmolLM2-135M's shapes, fp32, 2 threads (docs/engines.md): on an AMD EPYC (Zen 5), 1.8-2.3x MKL's speed
+for a prefill's 6,400 rows and 1.8-4.9x for a decode step's 1 to 16. On the Intel Xeon of earlier
+rounds, oneDNN's packs were no faster than plain MKL for a batch-16 step, where MKL's own packs (this
+module's previous kernel) gave 1.13x; ``LocalEngine(..., onednn_linears=False)`` is PyTorch's own path.
 
-Nothing in the model changes. While a step runs, each packed ``nn.Linear`` gets an instance-level
-``forward`` that calls the packed kernel, removed when the step ends; outside the engine's scheduler
-thread, or wherever autograd is recording, it falls back to ``F.linear``. MKL packs for one row count,
-so the engine packs once a batch size has lasted :data:`STEADY_STEPS` steps (a GRPO group, a batch of
-conversations) and decodes other sizes unpacked. The packs are rebuilt when the weights change (the
-engine's weights epoch) and cost about the size of the linear weights
-(516 MiB for SmolLM2-135M), so the engine drops them when it goes idle and on
-:meth:`~agentboost.engines.local.LocalEngine.release_memory`. The local trainer's engine does not pack:
-its rollouts drain, so batch sizes rarely hold (docs/engines.md).
+Nothing in the model changes. While the engine's forward pass runs, each fp32 ``nn.Linear`` gets an
+instance-level ``forward`` that calls oneDNN, removed when the pass ends; outside the engine's
+scheduler thread, or wherever autograd is recording, it falls back to ``F.linear``. Without packs the
+plain weight is passed, and oneDNN reorders it inside each call (no memory held; a transient copy of
+one weight at a time). The packs cost about the size of the linear weights (516 MiB for SmolLM2-135M)
+and are rebuilt when the weights change (the engine's weights epoch), so the engine drops them when it
+goes idle and on :meth:`~agentboost.engines.local.LocalEngine.release_memory`. oneDNN's sums are in a
+different order than MKL's: outputs agree to fp32 rounding (about 1e-6 relative), not to the bit.
 """
 
 from __future__ import annotations
@@ -31,17 +32,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS = 2
-"""The smallest decode batch that uses the packs (batch 1 is faster unpacked)."""
 
-STEADY_STEPS = 8
-"""MKL packs a weight for one row count: the engine packs for a batch size once it has run this many
-decode steps in a row (packing SmolLM2-135M takes about 0.14 s; packed batch-8 steps save 14 ms each)."""
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + b`` by oneDNN; ``weight`` is the plain weight or its pack."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def packing_supported(model: Any) -> bool:
-    """True where the packed path can run: PyTorch built with MKL and the model's weights fp32 on CPU."""
-    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+def onednn_supported(model: Any) -> bool:
+    """True where the oneDNN path can run: PyTorch built with oneDNN and the model's weights fp32 on CPU."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     try:
         parameter = next(model.parameters())
@@ -51,7 +50,7 @@ def packing_supported(model: Any) -> bool:
 
 
 class PackedLinears:
-    """MKL-packed copies of a model's fp32 ``nn.Linear`` weights, active inside :meth:`active`."""
+    """A model's fp32 ``nn.Linear`` layers through oneDNN inside :meth:`active`, on packs when held."""
 
     def __init__(self, model: Any) -> None:
         # exact nn.Linear only (subclasses may compute more than x @ W.T + b); modules whose forward
@@ -66,40 +65,36 @@ class PackedLinears:
         ]
         self._packs: list[torch.Tensor] | None = None
         self._epoch: int | None = None
-        self._rows = 0  # the row count the packs are for
-        self._owner: int | None = None  # the thread whose steps use the packs
+        self._owner: int | None = None  # the thread whose pass routes through oneDNN
 
     @property
     def held(self) -> bool:
         return self._packs is not None
 
-    def usable(self, rows: int, epoch: int) -> bool:
-        """True when packs for ``rows`` rows of the weights of ``epoch`` are held."""
-        return self._packs is not None and self._rows == rows and self._epoch == epoch
+    def usable(self, epoch: int) -> bool:
+        """True when packs of the weights of ``epoch`` are held."""
+        return self._packs is not None and self._epoch == epoch
 
-    def pack(self, rows: int, epoch: int) -> None:
-        """Pack the weights as they are now (weights ``epoch``) for steps of ``rows`` rows."""
+    def pack(self, epoch: int) -> None:
+        """Pack the weights as they are now (weights ``epoch``)."""
         self.release()  # the old packs go before the new ones are made
         with torch.no_grad():
             self._packs = [
-                torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), rows)
+                torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
                 for module in self._linears
             ]
-        self._rows, self._epoch = rows, epoch
+        self._epoch = epoch
 
     def release(self) -> None:
-        self._packs, self._epoch, self._rows = None, None, 0
+        self._packs, self._epoch = None, None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Route the linears through the packs for the duration of one forward pass in this thread."""
-        packs = self._packs
-        if packs is None:
-            yield
-            return
+        """Route the linears through oneDNN for the duration of one forward pass in this thread."""
+        packs = self._packs or [module.weight for module in self._linears]
         self._owner = threading.get_ident()
-        for module, packed in zip(self._linears, packs, strict=True):
-            module.forward = _packed_forward(module, packed, self._rows, self)
+        for module, weight in zip(self._linears, packs, strict=True):
+            module.forward = _onednn_forward(module, weight, self)
         try:
             yield
         finally:
@@ -108,14 +103,12 @@ class PackedLinears:
             self._owner = None
 
 
-def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, rows: int, owner: PackedLinears) -> Any:
-    weight, bias = module.weight, module.bias
+def _onednn_forward(module: torch.nn.Linear, weight: torch.Tensor, owner: PackedLinears) -> Any:
+    plain, bias = module.weight, module.bias
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or owner._owner != threading.get_ident() or x.dtype != torch.float32:
-            return F.linear(x, weight, bias)  # another thread's pass, or one autograd must see
-        # (the kernel itself falls back to the plain weight for any other row count)
-        out = torch.ops.mkl._mkl_linear(x.reshape(-1, x.shape[-1]), packed, weight, bias, rows)
-        return out.view(*x.shape[:-1], out.shape[-1])
+            return F.linear(x, plain, bias)  # another thread's pass, or one autograd must see
+        return _onednn_linear(x, weight, bias)
 
     return forward

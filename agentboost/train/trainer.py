@@ -116,9 +116,9 @@ class Trainer(TrainingLoop):
             self.engine = LocalEngine(
                 self.model,
                 max_batch_size=max(1, config.rollout.concurrency),
-                # a step's rollouts drain: the batch shrinks as agents finish, so MKL's per-size packs
-                # would be rebuilt for little use, and they cost the linear weights' size again
-                # (measured on the math demonstration: rollouts no faster, peak 0.5-0.8 GiB higher)
+                # packed weights would be rebuilt after every optimizer step and cost the linear
+                # weights' size again (0.5 GiB for SmolLM2-135M) beside the optimizer state; unpacked,
+                # the linears still run through oneDNN (packed_linear.py)
                 packed_weights=False,
                 **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
             )

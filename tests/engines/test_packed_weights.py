@@ -1,22 +1,25 @@
-"""Batched decode steps on MKL-packed weights: the same tokens and logprobs, fresh after weight changes,
-memory given back, and the model left as it was."""
+"""The engine's linears through oneDNN, packed or not: the tokens and logprobs of PyTorch's own linears,
+fresh packs after weight changes, memory given back, the model left as it was, and another thread's pass
+(the trainer's, sharing the model) computed by PyTorch as before."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import run, tiny_qwen3
 
-from agentboost.engines import local
+from agentboost.engines import local, packed_linear
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
-from agentboost.engines.packed_linear import STEADY_STEPS, packing_supported
+from agentboost.engines.packed_linear import PackedLinears, onednn_supported
 
 pytestmark = pytest.mark.skipif(
-    not packing_supported(tiny_qwen3()), reason="this PyTorch has no MKL packed linear kernels"
+    not onednn_supported(tiny_qwen3()), reason="this PyTorch has no oneDNN linear kernels"
 )
 
 PROMPTS = [list(range(200 + 13 * i, 260 + 17 * i)) for i in range(6)]
@@ -32,24 +35,43 @@ async def generate_all(engine: LocalEngine, max_new_tokens: int = 20):
     )
 
 
-def test_packed_decode_steps_give_the_unpacked_tokens_and_logprobs():
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """Counts the calls that reach oneDNN, by thread."""
+    calls: dict[int, int] = {}
+    original = packed_linear._onednn_linear
+
+    def counting(x, weight, bias):
+        calls[threading.get_ident()] = calls.get(threading.get_ident(), 0) + 1
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(packed_linear, "_onednn_linear", counting)
+    return calls
+
+
+def test_onednn_linears_give_the_tokens_and_logprobs_of_torch_linears(onednn_calls):
     model = tiny_qwen3(seed=1, hidden=128)
 
-    async def both():
-        packed, plain = LocalEngine(model), LocalEngine(model, packed_weights=False)
-        results = await generate_all(packed), await generate_all(plain)
-        steps = packed.packed_steps, plain.packed_steps
-        await packed.aclose()
-        await plain.aclose()
-        return results, steps
+    async def generate(**options):
+        engine = LocalEngine(model, **options)
+        onednn_calls.clear()
+        results = await generate_all(engine)
+        await engine.aclose()
+        return results, engine, sum(onednn_calls.values())
 
-    (with_packs, without), (packed_steps, plain_steps) = run(both())
-    # about 19 decode steps of 6 rows (how the six are admitted varies): packed from the STEADY_STEPS-th on
-    assert 19 - STEADY_STEPS - 2 <= packed_steps <= 19 - STEADY_STEPS + 1 and plain_steps == 0
-    for a, b in zip(with_packs, without, strict=True):
-        assert a.token_ids == b.token_ids and len(a.token_ids) == 20
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
-    # nothing of the packed path is left on the model
+    packed, packed_engine, packed_calls = run(generate())
+    unpacked, unpacked_engine, unpacked_calls = run(generate(packed_weights=False))
+    plain, _, plain_calls = run(generate(onednn_linears=False))
+    # every pass of the default engine ran on packs; each pass calls the 7 linears of 2 layers and the head
+    assert packed_engine.packed_passes > packed_engine.steps >= 19
+    assert packed_calls == 15 * packed_engine.packed_passes
+    assert unpacked_engine.packed_passes == 0 and unpacked_calls >= 15 * unpacked_engine.steps
+    assert plain_calls == 0
+    for results in (packed, unpacked):
+        for a, b in zip(results, plain, strict=True):
+            assert a.token_ids == b.token_ids and len(a.token_ids) == 20
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
+    # nothing of the oneDNN path is left on the model
     assert not any("forward" in module.__dict__ for module in model.modules())
 
 
@@ -63,7 +85,7 @@ def test_packs_follow_weight_changes_and_are_given_back():
             for parameter in model.parameters():
                 parameter.mul_(1.5)
         after = await generate_all(engine)
-        reference_engine = LocalEngine(model, packed_weights=False)
+        reference_engine = LocalEngine(model, onednn_linears=False)
         reference = await generate_all(reference_engine)
         await reference_engine.aclose()
         return before, after, reference
@@ -75,20 +97,73 @@ def test_packs_follow_weight_changes_and_are_given_back():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
 
     # an idle engine drops its packs by itself; release_memory() drops them at once
-    assert engine._packed is not None
+    assert engine._linears is not None
     deadline = time.monotonic() + local.PACKED_IDLE_RELEASE_S + 10
-    while engine._packed.held and time.monotonic() < deadline:
+    while engine._linears.held and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not engine._packed.held
+    assert not engine._linears.held
     run(generate_all(engine, max_new_tokens=4))
-    assert engine._packed.held
+    assert engine._linears.held
     engine.release_memory()
-    assert not engine._packed.held
+    assert not engine._linears.held
     engine.close()
 
 
-def test_one_running_sequence_does_not_use_the_packs():
-    engine = LocalEngine(tiny_qwen3(seed=3))
-    run(engine.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=8))
-    assert engine.packed_steps == 0 and engine.steps == 7
-    engine.close()
+@pytest.mark.parametrize("packed", [True, False])
+def test_another_threads_pass_is_computed_by_torch(onednn_calls, packed):
+    """While the engine's thread has the linears routed, the trainer's thread (with or without autograd)
+    gets exactly what the model computed before."""
+    model = tiny_qwen3(seed=4, hidden=128)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        expected = model(ids).logits
+    linears = PackedLinears(model)
+    if packed:
+        linears.pack(epoch=0)
+    inside, leave = threading.Event(), threading.Event()
+
+    def engine_thread():
+        with linears.active():
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, expected)
+        logits = model(ids).logits  # autograd records this one
+        assert logits.requires_grad and torch.equal(logits.detach(), expected)
+    finally:
+        leave.set()
+        thread.join(30)
+    assert onednn_calls == {}
+    # the engine's own thread, inside the routing, does reach oneDNN, and agrees to fp32 rounding
+    routed: list[torch.Tensor] = []
+
+    def routed_pass():
+        with torch.no_grad(), linears.active():
+            routed.append(model(ids).logits)
+
+    thread = threading.Thread(target=routed_pass)
+    thread.start()
+    thread.join(30)
+    assert sum(onednn_calls.values()) == 15
+    assert torch.allclose(routed[0], expected, rtol=0, atol=1e-4)
+    assert not any("forward" in module.__dict__ for module in model.modules())
+
+
+def test_routing_matches_f_linear_on_odd_shapes():
+    """Bias, batch and sequence dimensions, non-contiguous inputs: oneDNN's answer is F.linear's."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(96, 40)
+    model = torch.nn.Sequential(layer)
+    linears = PackedLinears(model)
+    for packed in (False, True):
+        if packed:
+            linears.pack(epoch=0)
+        for x in (torch.randn(7, 96), torch.randn(3, 5, 96), torch.randn(5, 3, 96).transpose(0, 1)):
+            with torch.no_grad(), linears.active():
+                got = layer(x)
+            assert torch.allclose(got, F.linear(x, layer.weight, layer.bias), rtol=0, atol=1e-5)
