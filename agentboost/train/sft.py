@@ -430,10 +430,13 @@ class SFTTrainer(TrainingLoop):
             self._environment = make_environment(str(evaluation.environment), evaluation.kwargs)
             if self.config.model.template is not None:
                 self._environment.template = self.config.model.template
-            # no packed weights: they cost the linear weights' size again beside the optimizer's state,
-            # for evaluations that run between updates (the RL trainer's engine does the same)
+            # no packed weights (they cost the linear weights' size again beside the optimizer's state)
+            # and PyTorch's own linears, as the RL trainer's engine (trainer.py says why)
             self._engine = LocalEngine(
-                self.model, max_batch_size=max(1, evaluation.concurrency), packed_weights=False
+                self.model,
+                max_batch_size=max(1, evaluation.concurrency),
+                packed_weights=False,
+                onednn_linears=False,
             )
         tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()

@@ -116,9 +116,11 @@ class Trainer(TrainingLoop):
             self.engine = LocalEngine(
                 self.model,
                 max_batch_size=max(1, config.rollout.concurrency),
-                # packed weights would be rebuilt after every optimizer step and cost the linear
-                # weights' size again (0.5 GiB for SmolLM2-135M) beside the optimizer state; unpacked,
-                # the linears still run through oneDNN (packed_linear.py)
+                # PyTorch's own linears, as the update's passes: oneDNN's (packed_linear.py) made the
+                # math demonstration's rollouts 1.28x faster on an AMD CPU, but raised its peak, reached
+                # during rollouts, from 3.73 to 3.95-4.00 GiB and doubled the tail of the rollout/trainer
+                # logprob mismatch (7.5e-5, from 3.3e-5; docs/training.md)
+                onednn_linears=False,
                 packed_weights=False,
                 **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
             )
