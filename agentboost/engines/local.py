@@ -114,7 +114,10 @@ class LocalEngine:
     On CPU with fp32 weights the engine's forward passes run the model's linear layers through oneDNN
     (``onednn_linears=False``: PyTorch's own ``F.linear``), on packed copies of the weights made once per
     weights version and dropped when idle (``packed_weights=False``: no copies, oneDNN reorders each
-    weight inside each call); see :mod:`agentboost.engines.packed_linear`.
+    weight inside each call); see :mod:`agentboost.engines.packed_linear`. One-token decode steps attend
+    over the cache in a small C kernel compiled for this machine on first use
+    (:mod:`agentboost.engines.native_attention`; ``native_attention=False``, or no C compiler: PyTorch's
+    attention).
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class LocalEngine:
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
         packed_weights: bool = True,
         onednn_linears: bool = True,
+        native_attention: bool = True,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -166,8 +170,9 @@ class LocalEngine:
         self._fingerprint = self._weights_fingerprint()
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
         self._cache_argument = _cache_argument(model)
-        # one-token steps attend with grouped query heads instead of a per-head copy of the cache
-        self.grouped_decode_attention = decode_attention.use_for(model)
+        # one-token steps attend with grouped query heads instead of a per-head copy of the cache, in the
+        # native kernel unless native_attention=False (or it cannot be built here)
+        self.grouped_decode_attention = decode_attention.use_for(model, native=native_attention)
         # fp32 CPU linears through oneDNN, on packed copies of the weights unless packed_weights=False
         self._linears = PackedLinears(model) if onednn_linears and onednn_supported(model) else None
         self._pack_weights = packed_weights

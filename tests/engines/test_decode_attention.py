@@ -55,10 +55,16 @@ def test_the_engine_switches_sdpa_models_only_and_saved_configs_do_not_name_it(t
     model = tiny_qwen3(seed=3)
     assert model.config._attn_implementation == "sdpa"
     engine = LocalEngine(model)
+    assert (
+        engine.grouped_decode_attention and model.config._attn_implementation == decode_attention.NATIVE_NAME
+    )
+    engine.close()
+    engine = LocalEngine(model, native_attention=False)
     assert engine.grouped_decode_attention and model.config._attn_implementation == decode_attention.NAME
     engine.close()
     model.save_pretrained(tmp_path)
-    assert decode_attention.NAME not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+    saved = json.dumps(json.loads((tmp_path / "config.json").read_text()))
+    assert decode_attention.NAME not in saved and decode_attention.NATIVE_NAME not in saved
 
     eager = tiny_qwen3(seed=3)
     eager.config._attn_implementation = "eager"
