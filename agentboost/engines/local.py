@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from agentboost.engines import decode_attention
+from agentboost.engines import direct_decode as direct_decode_module
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.engines.packed_linear import PackedLinears, onednn_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
@@ -117,7 +118,9 @@ class LocalEngine:
     weight inside each call); see :mod:`agentboost.engines.packed_linear`. One-token decode steps attend
     over the cache in a small C kernel compiled for this machine on first use
     (:mod:`agentboost.engines.native_attention`; ``native_attention=False``, or no C compiler: PyTorch's
-    attention).
+    attention). For Llama, Mistral, Qwen2 and Qwen3 models a decode step runs the model's layers in one
+    function instead of through its modules (:mod:`agentboost.engines.direct_decode`, checked against
+    transformers' forward before its first use; ``direct_decode=False``: transformers' forward).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class LocalEngine:
         packed_weights: bool = True,
         onednn_linears: bool = True,
         native_attention: bool = True,
+        direct_decode: bool = True,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -159,6 +163,7 @@ class LocalEngine:
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
         self.packed_passes = 0  # forward passes (prefills and decode steps) that ran on packed weights
+        self.direct_steps = 0  # decode steps that ran through agentboost/engines/direct_decode.py
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
         self.memory_budget_bytes = memory_budget_bytes
@@ -176,6 +181,14 @@ class LocalEngine:
         # fp32 CPU linears through oneDNN, on packed copies of the weights unless packed_weights=False
         self._linears = PackedLinears(model) if onednn_linears and onednn_supported(model) else None
         self._pack_weights = packed_weights
+        # decode steps without transformers' module machinery, for the model families it knows (checked
+        # against transformers' forward before its first use)
+        self.direct_decode_reason = None if direct_decode else "direct_decode=False"
+        if self.direct_decode_reason is None:
+            self.direct_decode_reason = direct_decode_module.unsupported_reason(model)
+        self._direct = None
+        if self.direct_decode_reason is None:
+            self._direct = direct_decode_module.DirectDecode(model, native=native_attention)
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
         self._trim_due = False  # the batch changed since: the next decode step may trim
         self._trim_now = False  # a large prefill kept its freed blocks in the heap: trim, not rate-limited
@@ -622,17 +635,47 @@ class LocalEngine:
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
-        output = self._forward(
-            input_ids=input_ids,
-            attention_mask=kv.next_mask(),
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_argument: kv.cache},
-        )
+        if self._direct is not None and self._direct.checked is None:
+            self._check_direct_decode()
+        if self._direct is not None and self._direct.checked and not self._direct.unchanged():
+            logger.warning(
+                "decode steps go back to transformers' forward: the model's modules or hooks changed "
+                "since the direct step was checked"
+            )
+            self._direct.checked = False
+            self.direct_decode_reason = "the model's modules or hooks changed after its check"
+        if self._direct is not None and self._direct.checked:
+            linear = direct_decode_module.linear_function(self._linears_for_pass())
+            logits = self._direct.step(input_ids, positions, kv.next_mask(), kv.cache, linear)
+            self.direct_steps += 1
+        else:
+            output = self._forward(
+                input_ids=input_ids,
+                attention_mask=kv.next_mask(),
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_argument: kv.cache},
+            )
+            logits = output.logits[:, -1, :]
         self._cache, self._mask = kv.layers(), kv.mask()
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
-        self._sample(output.logits[:, -1, :], first_row=0)
+        self._sample(logits, first_row=0)
+
+    def _check_direct_decode(self) -> None:
+        """Compare the direct decode step with transformers' once; keep transformers' on any doubt."""
+        assert self._direct is not None
+        linear = direct_decode_module.linear_function(self._linears_for_pass())
+        try:
+            agreed = self._direct.check(self._forward, self._cache_argument, linear)
+        except Exception as error:  # a model this code does not know after all: transformers' forward
+            logger.warning(
+                "decode steps keep transformers' forward: the direct step failed its check: %r", error
+            )
+            agreed = False
+            self._direct.checked = False
+        if not agreed:
+            self.direct_decode_reason = f"failed its check against transformers ({self._direct.difference})"
 
     def _trim(self) -> None:
         trim_heap()

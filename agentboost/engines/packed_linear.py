@@ -67,6 +67,7 @@ class PackedLinears:
         self._epoch: int | None = None
         self._owner: int | None = None  # the thread whose pass routes through oneDNN
         self._forwards: list[Any] | None = None  # per linear, its pass's forward on the current packs
+        self._index = {id(module): index for index, module in enumerate(self._linears)}
 
     @property
     def held(self) -> bool:
@@ -88,6 +89,16 @@ class PackedLinears:
 
     def release(self) -> None:
         self._packs, self._epoch, self._forwards = None, None, None
+
+    def compute(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        """``module(x)`` on the oneDNN route without entering :meth:`active`: its pack when packs are
+        held, else its weight; ``F.linear`` for a module this object does not route or an input autograd
+        must see (the direct decode step's call, agentboost/engines/direct_decode.py)."""
+        index = self._index.get(id(module))
+        if index is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+            return F.linear(x, module.weight, module.bias)
+        weight = self._packs[index] if self._packs is not None else module.weight
+        return _onednn_linear(x, weight, module.bias)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
