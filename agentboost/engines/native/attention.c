@@ -16,6 +16,7 @@
  * A pair whose positions are all masked gets zeros (a one-token step always reads its own token).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,28 +238,26 @@ static void attend_pair(const float *restrict q, int64_t q_head, const float *re
     }
 }
 
-/* Returns 0, or 1 when scratch memory could not be had (out is then incomplete). */
+/* Returns 0, or 1 when scratch memory could not be had (out untouched). */
 int agentboost_decode_attention_f32(const float *q, int64_t q_row, int64_t q_head, const float *k,
                                     const float *v, int64_t kv_row, int64_t kv_head, int64_t kv_pos,
                                     const uint8_t *mask, int64_t m_row, float *out, int B, int H, int G,
                                     int W, int D, float scale, int threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *scratch = malloc(sizeof(float) * ((size_t)G * (size_t)W + (size_t)G * (size_t)D));
-        if (!scratch) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t pair = 0; pair < (int64_t)B * H; pair++) {
-            if (!scratch) continue;
-            const int64_t b = pair / H, h = pair % H;
-            attend_pair(q + b * q_row + h * G * q_head, q_head, k + b * kv_row + h * kv_head,
-                        v + b * kv_row + h * kv_head, kv_pos, mask ? mask + b * m_row : NULL,
-                        out + (b * H + h) * (int64_t)G * D, G, W, D, scale, scratch,
-                        scratch + (size_t)G * (size_t)W);
-        }
-        free(scratch);
+    /* every thread's scratch from this (the calling) thread: a malloc inside OpenMP's worker threads
+     * gives each of them a heap of its own, which keeps memory for as long as the thread lives */
+    const size_t share = (size_t)G * (size_t)W + (size_t)G * (size_t)D;
+    float *scratch = malloc(sizeof(float) * share * (size_t)threads);
+    if (!scratch) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t pair = 0; pair < (int64_t)B * H; pair++) {
+        float *mine = scratch + share * (size_t)omp_get_thread_num();
+        const int64_t b = pair / H, h = pair % H;
+        attend_pair(q + b * q_row + h * G * q_head, q_head, k + b * kv_row + h * kv_head,
+                    v + b * kv_row + h * kv_head, kv_pos, mask ? mask + b * m_row : NULL,
+                    out + (b * H + h) * (int64_t)G * D, G, W, D, scale, mine, mine + (size_t)G * (size_t)W);
     }
-    return failed;
+    free(scratch);
+    return 0;
 }
 
 /*
@@ -416,29 +415,28 @@ int agentboost_prefill_attention_f32(const float *q, int64_t q_row, int64_t q_he
         return 2;
     }
     const int tiles = (L * G + LANES - 1) / LANES;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        vec16 *scratch = aligned_alloc(sizeof(vec16), sizeof(vec16) * (size_t)W);
-        if (!scratch) failed = 1;
-#pragma omp for schedule(static, 1)
-        for (int64_t unit = 0; unit < (int64_t)B * H * tiles; unit++) {
-            if (!scratch) continue;
-            const int64_t pair = unit / tiles, b = pair / H, h = pair % H;
-            const int i0 = (int)(unit % tiles) * LANES;
-            const int n = L * G - i0 < LANES ? L * G - i0 : LANES;
-            const float *qb = q + b * q_row + (int64_t)h * G * q_head;
-            const float *kb = k + b * kv_row + h * kv_head, *vb = v + b * kv_row + h * kv_head;
-            float *ob = out + b * (int64_t)L * H * G * D;
-            if (D == 64)
-                prefill_tile_64(qb, q_head, q_pos, kb, vb, kv_pos, spans + b * L, ob, H, G, (int)h, i0, n,
-                                scale, scratch);
-            else
-                prefill_tile_128(qb, q_head, q_pos, kb, vb, kv_pos, spans + b * L, ob, H, G, (int)h, i0,
-                                 n, scale, scratch);
-        }
-        free(scratch);
+    vec16 *scratch = aligned_alloc(sizeof(vec16), sizeof(vec16) * (size_t)W * (size_t)threads);
+    if (!scratch) {
+        free(spans);
+        return 1;
     }
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int64_t unit = 0; unit < (int64_t)B * H * tiles; unit++) {
+        vec16 *mine = scratch + (size_t)W * (size_t)omp_get_thread_num();
+        const int64_t pair = unit / tiles, b = pair / H, h = pair % H;
+        const int i0 = (int)(unit % tiles) * LANES;
+        const int n = L * G - i0 < LANES ? L * G - i0 : LANES;
+        const float *qb = q + b * q_row + (int64_t)h * G * q_head;
+        const float *kb = k + b * kv_row + h * kv_head, *vb = v + b * kv_row + h * kv_head;
+        float *ob = out + b * (int64_t)L * H * G * D;
+        if (D == 64)
+            prefill_tile_64(qb, q_head, q_pos, kb, vb, kv_pos, spans + b * L, ob, H, G, (int)h, i0, n, scale,
+                            mine);
+        else
+            prefill_tile_128(qb, q_head, q_pos, kb, vb, kv_pos, spans + b * L, ob, H, G, (int)h, i0, n, scale,
+                             mine);
+    }
+    free(scratch);
     free(spans);
-    return failed;
+    return 0;
 }
