@@ -153,3 +153,18 @@ def test_a_model_changed_after_the_check_goes_back_to_transformers_forward(chang
     plain = LocalEngine(model, direct_decode=False, prefix_cache_bytes=0)
     assert_same(ours, generate_all(plain))
     plain.close()
+
+
+def test_gradient_checkpointings_hook_on_the_embedding_is_run_not_refused():
+    """transformers' gradient checkpointing hooks the input embedding (its output requires grad); the
+    direct step calls the embedding as a module, so the hook runs and the step is used."""
+    model = build("llama", seed=3)
+    model.gradient_checkpointing_enable()
+    assert model.model.embed_tokens._forward_hooks
+    engine = LocalEngine(model)
+    ours = generate_all(engine)
+    engine.close()
+    assert engine.direct_decode_reason is None and engine.direct_steps >= 15
+    plain = LocalEngine(model, direct_decode=False)
+    assert_same(ours, generate_all(plain), tolerance=0.0)
+    plain.close()
