@@ -163,14 +163,22 @@ class DirectDecode:
         linear: Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor],
     ) -> bool:
         """Compare one step with transformers' (through the engine's ``forward``); True when they agree."""
+        from transformers import DynamicCache
+
         from agentboost.engines.batch_kv import BatchKV
 
         mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
         ids = torch.tensor([[11, 12, 13, 14, 15], [0, 0, 21, 22, 23]])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            prefill = forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-            cache = getattr(prefill, "past_key_values", None)
+            cache = DynamicCache()  # passed in under the name this transformers takes, as the engine does
+            forward(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{cache_argument: cache},
+            )
             layers = [(layer.keys, layer.values) for layer in cache.layers]
             theirs_kv, ours_kv = BatchKV([(layers, mask)], 8), BatchKV([(layers, mask)], 8)
             step_ids, step_positions = torch.tensor([[7], [8]]), torch.tensor([[5], [3]])
