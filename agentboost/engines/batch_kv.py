@@ -9,6 +9,12 @@ view of the first ``width`` columns. The buffer grows by :data:`HEADROOM` column
 happens once every ``HEADROOM`` steps instead of every step. The attention mask lives in a buffer of
 the same capacity.
 
+A prefill writes its rows' keys and values straight into the buffer of the batch they join: the batch
+is built first, from the rows already running (copied once) and the new rows (left for the prefill,
+their cached prefix copied in from the prefix cache), and :meth:`BatchKV.prefill_cache` gives the
+model a cache over just the new rows. Before, the prefill's keys and values were concatenated layer by
+layer in a ``DynamicCache`` and then copied into the batch: two copies of every prefilled column.
+
 One buffer rather than one per layer keeps the batch's KV out of the C heap: glibc maps an allocation
 of that size (tens to hundreds of MiB) on its own and gives it back when it is freed, where 60
 per-layer tensors of a few MiB each are carved from the heap and leave holes it cannot return (the
@@ -33,22 +39,41 @@ HEADROOM = 64
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer, keys and values ``[rows, kv_heads, width, head_dim]``."""
 
+Layout = list[tuple[int, int, int, torch.dtype, torch.device]]
+"""Per layer, what its keys and values are: ``(kv_heads, key_dim, value_dim, dtype, device)``."""
+
+_ALL = slice(None)
+
 
 class _InPlaceLayer(DynamicLayer):
-    """One layer's keys and values, views of its group's buffer; ``keys``/``values`` the filled columns."""
+    """One layer's keys and values, views of its group's buffer; ``keys``/``values`` the filled columns.
 
-    def __init__(self, owner: BatchKV, buffer: torch.Tensor, index: int, width: int) -> None:
+    A decode step's layer (``owner`` set) views every row from column 0 and grows the batch's buffers
+    when a step needs a column past them. A prefill's layer views only the rows it fills, from the
+    column where they start, and never grows anything: the batch was built wide enough for it.
+    """
+
+    def __init__(
+        self,
+        owner: BatchKV | None,
+        buffer: torch.Tensor,
+        index: int,
+        width: int,
+        rows: slice = _ALL,
+        start: int = 0,
+    ) -> None:
         super().__init__()
         # a weak reference: a cycle would keep the batch's buffer alive until the cyclic collector ran
-        self._owner = weakref.ref(owner)
-        self._index = index
+        self._owner = weakref.ref(owner) if owner is not None else None
+        self._index, self._rows, self._start = index, rows, start
         self.dtype, self.device = buffer.dtype, buffer.device
         self.is_initialized = True
         self.point(buffer, width)
 
     def point(self, buffer: torch.Tensor, width: int) -> None:
-        """Use the group's ``buffer`` (a new one after a growth) and view its first ``width`` columns."""
-        self._key_buffer, self._value_buffer = buffer[self._index, 0], buffer[self._index, 1]
+        """Use the group's ``buffer`` (a new one after a growth) and view ``width`` filled columns."""
+        self._key_buffer = buffer[self._index, 0, self._rows, :, self._start :]
+        self._value_buffer = buffer[self._index, 1, self._rows, :, self._start :]
         self.keys, self.values = self._key_buffer[..., :width, :], self._value_buffer[..., :width, :]
 
     def update(
@@ -57,9 +82,9 @@ class _InPlaceLayer(DynamicLayer):
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
         if end > self._key_buffer.shape[-2]:
-            owner = self._owner()
+            owner = self._owner() if self._owner is not None else None
             if owner is None:
-                raise RuntimeError("a BatchKV layer outlived its batch")
+                raise RuntimeError("a BatchKV layer was written past its batch's columns")
             owner.reserve(end)  # grows every layer's buffer at once
         self._key_buffer[..., start:end, :] = key_states
         self._value_buffer[..., start:end, :] = value_states
@@ -67,20 +92,57 @@ class _InPlaceLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def layout_of(layers: Layers) -> Layout:
+    """The layout of ``layers`` (per layer: kv heads, key and value sizes, dtype, device)."""
+    return [
+        (keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, keys.device) for keys, values in layers
+    ]
+
+
+def _padding_runs(row: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of every run of zeros in a 0/1 mask row."""
+    return _attended_runs([0 if value else 1 for value in row])
+
+
+def _attended_runs(row: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of every run of nonzero values in a mask row."""
+    runs: list[tuple[int, int]] = []
+    for column, attended in enumerate(row):
+        if not attended:
+            continue
+        if runs and runs[-1][1] == column:
+            runs[-1] = (runs[-1][0], column + 1)
+        else:
+            runs.append((column, column + 1))
+    return runs
+
+
 class BatchKV:
     """The KV and attention mask of a running batch, extended one column per decode step without copies.
 
     Built from ``parts``: groups of rows, each its per-layer ``[rows, kv_heads, width, head_dim]`` keys
-    and values (views are fine: each is copied once into place) and its ``[rows, width]`` mask. Rows
-    are stacked in order, right-aligned to the widest part; the columns left of a narrower part are
-    zeros with mask 0. Buffers have ``width + HEADROOM`` columns, or fewer when the batch will never
-    need them (``max_width`` is the widest the caller reserved memory for). Pass :attr:`cache` to the
-    model with the mask from :meth:`next_mask`; the model's forward writes the new keys and values in
-    place.
+    and values (views are fine: each is copied once into place) and its ``[rows, width]`` mask, or
+    ``None`` for the keys and values of rows a prefill is about to write (:meth:`prefill_cache`; their
+    padding columns are zeroed here, the rest is theirs to fill). Rows are stacked in order,
+    right-aligned to the widest part; the columns left of a narrower part are zeros with mask 0.
+    Buffers have ``width + HEADROOM`` columns, or fewer when the batch will never need them
+    (``max_width`` is the widest the caller reserved memory for). ``layout`` is required when no part
+    has keys and values. Pass :attr:`cache` to the model with the mask from :meth:`next_mask`; the
+    model's forward writes the new keys and values in place.
     """
 
-    def __init__(self, parts: Sequence[tuple[Layers, torch.Tensor]], max_width: int) -> None:
-        first_layers, first_mask = parts[0]
+    def __init__(
+        self,
+        parts: Sequence[tuple[Layers | None, torch.Tensor]],
+        max_width: int,
+        layout: Layout | None = None,
+    ) -> None:
+        known = next((layers for layers, _ in parts if layers is not None), None)
+        if known is not None:
+            layout = layout_of(known)
+        if layout is None:
+            raise ValueError("a BatchKV of prefill rows only needs the layout of its layers")
+        first_mask = parts[0][1]
         self.rows = sum(mask.shape[0] for _, mask in parts)
         self.width = max(mask.shape[1] for _, mask in parts)
         capacity = max(self.width + 1, min(self.width + HEADROOM, max_width))
@@ -88,38 +150,111 @@ class BatchKV:
         self._slots: list[tuple[int, int]] = []  # per layer: (group, index in the group)
         shapes: list[tuple[tuple[int, ...], torch.dtype, torch.device]] = []
         counts: list[int] = []
-        for keys, values in first_layers:
-            shape = (keys.shape[1], keys.shape[3], values.shape[3])
-            key = (shape, keys.dtype, keys.device)
-            if keys.shape[3] != values.shape[3] or values.dtype != keys.dtype:
-                key = ((*shape, len(shapes)), keys.dtype, keys.device)  # never shared
+        for kv_heads, key_dim, value_dim, dtype, device in layout:
+            key = ((kv_heads, key_dim), dtype, device)
+            if key_dim != value_dim:
+                key = ((kv_heads, key_dim, len(shapes)), dtype, device)  # never shared
             if key not in shapes:
                 shapes.append(key)
                 counts.append(0)
             group = shapes.index(key)
             self._slots.append((group, counts[group]))
             counts[group] += 1
+        self._value_dims = [value_dim for _, _, value_dim, _, _ in layout]
         self._buffers = [
             torch.empty((count, 2, self.rows, shape[0], capacity, shape[1]), dtype=dtype, device=device)
             for (shape, dtype, device), count in zip(shapes, counts, strict=True)
         ]
         self._mask_buffer = first_mask.new_zeros((self.rows, capacity))
+        self._starts: list[int] = []  # per part: its first row's index and column
         row = 0
         for layers, mask in parts:
             count, width = mask.shape
             start = self.width - width
-            for (group, index), (keys, values) in zip(self._slots, layers, strict=True):
-                target = self._buffers[group][index, :, row : row + count]  # [2, rows, heads, C, D]
-                target[0, :, :, start : self.width] = keys
-                target[1, :, :, start : self.width] = values
-                if start:
-                    target[:, :, :, :start].zero_()  # masked out, but must be finite for attention
+            self._starts.append(start)
+            for buffer in self._buffers:
+                if start:  # masked out, but must be finite for attention
+                    buffer[:, :, row : row + count, :, :start].zero_()
+            if layers is None:
+                for offset, runs in enumerate(_padding_runs(r) for r in mask.tolist()):
+                    for first, end in runs:
+                        for buffer in self._buffers:
+                            buffer[:, :, row + offset, :, start + first : start + end].zero_()
+            else:
+                for (group, index), (keys, values) in zip(self._slots, layers, strict=True):
+                    target = self._buffers[group][index, :, row : row + count]  # [2, rows, heads, C, D]
+                    target[0, :, :, start : self.width] = keys
+                    target[1, :, :, start : self.width] = values
             self._mask_buffer[row : row + count, start : self.width] = mask
             row += count
+        self._part_rows = [mask.shape[0] for _, mask in parts]
         self._layers = [
             _InPlaceLayer(self, self._buffers[group], index, self.width) for group, index in self._slots
         ]
         self.cache = Cache(layers=list(self._layers))
+
+    def part_start(self, part: int) -> tuple[int, int]:
+        """The first row and the first column of part ``part``."""
+        return sum(self._part_rows[:part]), self._starts[part]
+
+    def _part(self, part: int) -> tuple[slice, int]:
+        """Rows and first column of part ``part``."""
+        first, column = self.part_start(part)
+        return slice(first, first + self._part_rows[part]), column
+
+    def write_prefix(self, row: int, column: int, kv: torch.Tensor) -> None:
+        """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``, a prefix cache entry) into ``row`` at
+        columns ``column .. column + n``."""
+        end = column + kv.shape[3]
+        if len(self._buffers) == 1:
+            self._buffers[0][:, :, row, :, column:end] = kv
+            return
+        for layer, (group, index) in enumerate(self._slots):
+            self._buffers[group][index, :, row, :, column:end] = kv[layer]
+
+    def prefill_cache(self, part: int, filled: int) -> Cache:
+        """A cache over the rows of part ``part`` (made with ``None`` layers), ``filled`` columns of
+        theirs already written (a cached prefix): a forward pass writes the next ones in place."""
+        rows, start = self._part(part)
+        return Cache(
+            layers=[
+                _InPlaceLayer(None, self._buffers[group], index, filled, rows=rows, start=start)
+                for group, index in self._slots
+            ]
+        )
+
+    def row_tokens(self, row: int) -> int:
+        """How many columns of ``row`` are attended (its tokens held)."""
+        return int(self._mask_buffer[row, : self.width].sum())
+
+    def row_kv(self, row: int, skip: int = 0) -> torch.Tensor:
+        """A new ``[layers, 2, kv_heads, tokens, head_dim]`` tensor: the keys and values of ``row``'s
+        attended columns after its first ``skip``, in order, copied once (what the prefix cache holds)."""
+        runs, seen = [], 0
+        for first, end in _attended_runs(self._mask_buffer[row, : self.width].tolist()):
+            if seen + (end - first) > skip:
+                runs.append((max(first, first + skip - seen), end))
+            seen += end - first
+        count = sum(end - first for first, end in runs)
+        layers = self.layers()
+        if len(self._buffers) == 1:  # every layer alike: one copy per run
+            keys = layers[0][0]
+            out = keys.new_empty((len(layers), 2, keys.shape[1], count, keys.shape[3]))
+            source, position = self._buffers[0][:, :, row], 0  # [layers, 2, heads, capacity, D]
+            for first, end in runs:
+                out[:, :, :, position : position + end - first] = source[:, :, :, first:end]
+                position += end - first
+            return out
+        parts = [
+            torch.stack(
+                [
+                    torch.cat([keys[row, :, a:b] for a, b in runs], dim=1),
+                    torch.cat([values[row, :, a:b] for a, b in runs], dim=1),
+                ]
+            )
+            for keys, values in layers
+        ]
+        return torch.stack(parts)
 
     def reserve(self, width: int) -> None:
         """Make room for ``width`` columns in every layer and the mask (one copy, ``HEADROOM`` spare)."""

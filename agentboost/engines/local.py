@@ -58,9 +58,9 @@ from typing import Any
 import torch
 
 from agentboost.engines import decode_attention
-from agentboost.engines import direct_decode as direct_decode_module
+from agentboost.engines import direct_forward as direct_forward_module
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
-from agentboost.engines.packed_linear import PackedLinears, onednn_supported
+from agentboost.engines.packed_linear import Linears, PackedLinears, onednn_supported
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import GLIBC_MMAP_THRESHOLD_MAX, large_blocks_from_heap, trim_heap
@@ -118,9 +118,10 @@ class LocalEngine:
     weight inside each call); see :mod:`agentboost.engines.packed_linear`. One-token decode steps attend
     over the cache in a small C kernel compiled for this machine on first use
     (:mod:`agentboost.engines.native_attention`; ``native_attention=False``, or no C compiler: PyTorch's
-    attention). For Llama, Mistral, Qwen2 and Qwen3 models a decode step runs the model's layers in one
-    function instead of through its modules (:mod:`agentboost.engines.direct_decode`, checked against
-    transformers' forward before its first use; ``direct_decode=False``: transformers' forward).
+    attention). For Llama, Mistral, Qwen2 and Qwen3 models prefills and decode steps run the model's
+    layers in one function instead of through its modules (:mod:`agentboost.engines.direct_forward`,
+    checked against transformers' forward before its first use; ``direct_forward=False``: transformers'
+    forward).
     """
 
     def __init__(
@@ -136,7 +137,7 @@ class LocalEngine:
         packed_weights: bool = True,
         onednn_linears: bool = True,
         native_attention: bool = True,
-        direct_decode: bool = True,
+        direct_forward: bool = True,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -163,13 +164,15 @@ class LocalEngine:
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
         self.packed_passes = 0  # forward passes (prefills and decode steps) that ran on packed weights
-        self.direct_steps = 0  # decode steps that ran through agentboost/engines/direct_decode.py
+        self.direct_steps = 0  # decode steps that ran through agentboost/engines/direct_forward.py
+        self.direct_prefills = 0  # prefills that did
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
         self.memory_budget_bytes = memory_budget_bytes
         self._prefix_cache_cap = min(prefix_cache_bytes, memory_budget_bytes)
         self.prefix_cache = PrefixCache(self._prefix_cache_cap)
         self._kv_token_bytes = _kv_bytes_per_token(model)  # None until measured when the config is silent
+        self._kv_layout: Any = None  # per layer, its keys' and values' shapes: measured at the first prefill
         self._weights_epoch = 0  # bumped by weights_updated() and by detected parameter changes
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
@@ -183,12 +186,12 @@ class LocalEngine:
         self._pack_weights = packed_weights
         # decode steps without transformers' module machinery, for the model families it knows (checked
         # against transformers' forward before its first use)
-        self.direct_decode_reason = None if direct_decode else "direct_decode=False"
-        if self.direct_decode_reason is None:
-            self.direct_decode_reason = direct_decode_module.unsupported_reason(model)
+        self.direct_forward_reason = None if direct_forward else "direct_forward=False"
+        if self.direct_forward_reason is None:
+            self.direct_forward_reason = direct_forward_module.unsupported_reason(model)
         self._direct = None
-        if self.direct_decode_reason is None:
-            self._direct = direct_decode_module.DirectDecode(model, native=native_attention)
+        if self.direct_forward_reason is None:
+            self._direct = direct_forward_module.DirectForward(model, native=native_attention)
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
         self._trim_due = False  # the batch changed since: the next decode step may trim
         self._trim_now = False  # a large prefill kept its freed blocks in the heap: trim, not rate-limited
@@ -488,18 +491,21 @@ class LocalEngine:
         return self.model(**inputs)
 
     def _prefill_rows(
-        self, prompts: list[list[int]]
-    ) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, list[int]]:
-        """One forward over ``prompts``, each starting from its longest cached prefix.
+        self, prompts: list[list[int]], *, max_width: int, join: bool
+    ) -> tuple[torch.Tensor, Any, int, list[int]]:
+        """One forward over ``prompts``, each starting from its longest cached prefix, its keys and values
+        written straight into a new batch buffer (:class:`~agentboost.engines.batch_kv.BatchKV`).
 
-        Row layout: ``[pad | cached prefix | pad | new tokens]``; the cached part is right-aligned in
-        the first ``P`` columns, the new part in the last ``S``. Returns the output, the per-layer KV
-        ``[B, heads, P + S, head_dim]``, the mask and the cached length of each row.
+        With ``join`` the buffer holds the running rows first (copied once), then the prompts' rows;
+        without, the prompts' rows only. Row layout of a prompt: ``[pad | cached prefix | pad | new
+        tokens]``, the cached part (copied once from the prefix cache) right-aligned in the first ``P``
+        columns, the new part in the last ``S``. Returns the last position's logits, the buffer, the index
+        of the prompts' part in it and the cached length of each prompt.
         """
-        from transformers import DynamicCache
+        from agentboost.engines.batch_kv import BatchKV
 
         matches = [
-            self.prefix_cache.match(ids, len(ids) - 1) if self.prefix_cache.enabled else (0, None)
+            self.prefix_cache.match_pieces(ids, len(ids) - 1) if self.prefix_cache.enabled else (0, [])
             for ids in prompts
         ]
         cached = [length for length, _ in matches]
@@ -514,51 +520,73 @@ class LocalEngine:
             mask[row, past - length : past] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         mask = mask.to(self.device)
-        cache = DynamicCache()
-        if past:
-            reference = next(kv for _, kv in matches if kv is not None)
-            layers, _, heads, _, head_dim = reference.shape
-            stacked = torch.zeros(
-                (layers, 2, rows, heads, past, head_dim), dtype=reference.dtype, device=reference.device
-            )
-            for row, (length, kv) in enumerate(matches):
-                if kv is not None:
-                    stacked[:, :, row, :, past - length :] = kv
-            cache = DynamicCache([(stacked[layer, 0], stacked[layer, 1]) for layer in range(layers)])
+        parts: list[tuple[Any, torch.Tensor]] = [(self._cache, self._mask)] if join and self._rows else []
+        parts.append((None, mask))
+        kv = BatchKV(parts, max_width, layout=self._layout())
+        part = len(parts) - 1
+        first_row, first_column = kv.part_start(part)
+        for row, (length, pieces) in enumerate(matches):
+            column = first_column + past - length
+            for piece in pieces:
+                kv.write_prefix(first_row + row, column, piece)
+                column += piece.shape[3]
+        del matches
         # a large batched prefill's activations are tens of MB each, made and freed layer after layer:
         # from the heap and reused, not mapped afresh and page-faulted in each time; trimmed right after
         large = rows * width * self._activation_row_bytes >= LARGE_PREFILL_BYTES  # never, widths unknown
+        input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+        cache = kv.prefill_cache(part, past)
         with large_blocks_from_heap() if large else contextlib.nullcontext():
-            output = self._forward(
-                input_ids=input_ids.to(self.device),
-                attention_mask=mask,
-                position_ids=positions.to(self.device),
+            if self._use_direct():
+                logits = self._direct.forward(input_ids, positions, mask, cache, self._direct_linears())
+                self.direct_prefills += 1
+            else:
+                output = self._forward(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_argument: cache},
+                )
+                logits = output.logits[:, -1, :]
+                del output
+        self._trim_now = self._trim_now or large
+        return logits, kv, part, cached
+
+    def _layout(self) -> Any:
+        """The layout of the model's keys and values, from a one-token forward the first time."""
+        if self._kv_layout is None:
+            from transformers import DynamicCache
+
+            from agentboost.engines.batch_kv import layout_of
+
+            cache = DynamicCache()
+            self._model_forward(
+                input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
                 use_cache=True,
                 **{self._cache_argument: cache},
             )
-        layers_kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self._trim_now = self._trim_now or large
-        return output, layers_kv, mask, cached
+            self._kv_layout = layout_of([(layer.keys, layer.values) for layer in cache.layers])
+            if self._kv_token_bytes is None:
+                self._kv_token_bytes = sum(
+                    heads * (key_dim + value_dim) * torch.empty((), dtype=dtype).element_size()
+                    for heads, key_dim, value_dim, dtype, _ in self._kv_layout
+                )
+        return self._kv_layout
 
-    def _hold(
-        self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]], row: int, mask: torch.Tensor
-    ) -> None:
-        """Insert the KV of ``tokens`` (row ``row`` of a batched cache) into the prefix cache."""
+    def _hold(self, tokens: list[int], kv: Any, row: int) -> None:
+        """Insert the KV of ``tokens`` (row ``row`` of the batch buffer ``kv``) into the prefix cache."""
         held = self.prefix_cache.match_length(tokens)
         if held >= len(tokens):
             return
-        columns = mask[row].nonzero().squeeze(1)
-        if columns.numel() != len(tokens):
+        if kv.row_tokens(row) != len(tokens):
             logger.warning(
-                "prefix cache: a row holds %d tokens, expected %d; not cached", columns.numel(), len(tokens)
+                "prefix cache: a row holds %d tokens, expected %d; not cached",
+                kv.row_tokens(row),
+                len(tokens),
             )
             return
-        columns = columns[held:]
-        first = layers[0][0]
-        if any(k.shape[1:] != first.shape[1:] or v.shape != k.shape for k, v in layers):
-            return  # layers of different shapes: not held
-        kv = torch.stack([torch.stack([k[row], v[row]]) for k, v in layers]).index_select(3, columns)
-        self.prefix_cache.insert(tokens, kv, offset=held)
+        self.prefix_cache.insert(tokens, kv.row_kv(row, skip=held), offset=held, owned=True)
 
     def _shared_prefixes(self, prompts: list[list[int]]) -> list[list[int]]:
         """Uncached prefixes shared by two or more of ``prompts``, longest first, none a prefix of another."""
@@ -594,19 +622,16 @@ class LocalEngine:
         if self.prefix_cache.enabled and len(requests) > 1:
             shared = self._shared_prefixes(prompts)
             if shared:
-                _, layers, mask, cached = self._prefill_rows(shared)
+                widest = max(len(prefix) for prefix in shared)
+                _, kv, _, cached = self._prefill_rows(shared, max_width=widest, join=False)
                 for row, prefix in enumerate(shared):
-                    self._hold(prefix, layers, row, mask)
+                    self._hold(prefix, kv, row)
                     owner = next(i for i, ids in enumerate(prompts) if ids[: len(prefix)] == prefix)
                     warmed[owner] = warmed.get(owner, 0) + len(prefix) - cached[row]
                     self.prefix_cache.stats.computed_tokens += len(prefix) - cached[row]
-                del layers, mask
-        output, layers, mask, cached = self._prefill_rows(prompts)
-        if self._kv_token_bytes is None and layers:
-            self._kv_token_bytes = sum(
-                (k[:1, ..., :1, :].numel() * k.element_size() + v[:1, ..., :1, :].numel() * v.element_size())
-                for k, v in layers
-            )
+                del kv
+        max_width = self._reserved_width([*self._rows, *requests])
+        logits, kv, _, cached = self._prefill_rows(prompts, max_width=max_width, join=True)
         elapsed = time.perf_counter() - started
         stats = self.prefix_cache.stats
         for index, (request, length) in enumerate(zip(requests, cached, strict=True)):
@@ -618,8 +643,8 @@ class LocalEngine:
             stats.prompt_tokens += len(request.prompt_ids)
             stats.cached_tokens += length
             stats.computed_tokens += len(request.prompt_ids) - length
-        self._join(requests, layers, mask, [len(r.prompt_ids) for r in requests])
-        self._sample(output.logits[:, -1, :], first_row=len(self._rows) - len(requests))
+        self._join(requests, kv, [len(r.prompt_ids) for r in requests])
+        self._sample(logits, first_row=len(self._rows) - len(requests))
 
     def _decode_step(self) -> None:
         """One token for every running sequence, its keys and values written in place (no copy)."""
@@ -635,18 +660,10 @@ class LocalEngine:
         rows = len(self._rows)
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
-        if self._direct is not None and self._direct.checked is None:
-            self._check_direct_decode()
-        if self._direct is not None and self._direct.checked and not self._direct.unchanged():
-            logger.warning(
-                "decode steps go back to transformers' forward: the model's modules or hooks changed "
-                "since the direct step was checked"
+        if self._use_direct():
+            logits = self._direct.forward(
+                input_ids, positions, kv.next_mask(), kv.cache, self._direct_linears()
             )
-            self._direct.checked = False
-            self.direct_decode_reason = "the model's modules or hooks changed after its check"
-        if self._direct is not None and self._direct.checked:
-            linear = direct_decode_module.linear_function(self._linears_for_pass())
-            logits = self._direct.step(input_ids, positions, kv.next_mask(), kv.cache, linear)
             self.direct_steps += 1
         else:
             output = self._forward(
@@ -662,20 +679,35 @@ class LocalEngine:
         self.steps += 1
         self._sample(logits, first_row=0)
 
-    def _check_direct_decode(self) -> None:
-        """Compare the direct decode step with transformers' once; keep transformers' on any doubt."""
-        assert self._direct is not None
-        linear = direct_decode_module.linear_function(self._linears_for_pass())
-        try:
-            agreed = self._direct.check(self._forward, self._cache_argument, linear)
-        except Exception as error:  # a model this code does not know after all: transformers' forward
+    def _use_direct(self) -> bool:
+        """Whether this pass runs through the direct forward: checked once against transformers', and
+        only while the model is still what was checked (else transformers' forward for good)."""
+        direct = self._direct
+        if direct is None:
+            return False
+        if direct.checked is None:
+            try:
+                direct.check(self._forward, self._cache_argument, self._direct_linears())
+            except Exception as error:  # a model this code does not know after all: transformers' forward
+                logger.warning(
+                    "the engine keeps transformers' forward: the direct forward failed its check: %r", error
+                )
+                direct.checked = False
+            if not direct.checked:
+                self.direct_forward_reason = f"failed its check against transformers ({direct.difference})"
+        if direct.checked and not direct.unchanged():
             logger.warning(
-                "decode steps keep transformers' forward: the direct step failed its check: %r", error
+                "the engine goes back to transformers' forward: the model's modules or hooks changed since "
+                "the direct forward was checked"
             )
-            agreed = False
-            self._direct.checked = False
-        if not agreed:
-            self.direct_decode_reason = f"failed its check against transformers ({self._direct.difference})"
+            direct.checked = False
+            self.direct_forward_reason = "the model's modules or hooks changed after its check"
+        return bool(direct.checked)
+
+    def _direct_linears(self) -> Linears:
+        """The linears of a direct pass: the oneDNN route (packed first when packing), else PyTorch's."""
+        linears = self._linears_for_pass()
+        return linears if linears is not None else Linears()
 
     def _trim(self) -> None:
         trim_heap()
@@ -766,19 +798,12 @@ class LocalEngine:
 
     # --- batch bookkeeping -------------------------------------------------------------------------
 
-    def _join(
-        self,
-        requests: list[_Request],
-        layers: list[tuple[torch.Tensor, torch.Tensor]],
-        mask: torch.Tensor,
-        lengths: list[int],
-    ) -> None:
-        """Add prefilled rows to the batch: the running rows and the new ones copied once into new buffers."""
-        parts = [(self._cache, self._mask)] if self._rows else []
+    def _join(self, requests: list[_Request], kv: Any, lengths: list[int]) -> None:
+        """Make ``kv`` (the running rows and the prefilled ones after them) the running batch."""
         self._rows.extend(requests)
         self._lengths.extend(lengths)
         self._last_ids.extend([0] * len(requests))
-        self._set_batch([*parts, (layers, mask)])
+        self._use_batch(kv)
         self.max_batch_seen = max(self.max_batch_seen, len(self._rows))
 
     def _retire(self, indices: list[int]) -> None:
@@ -789,9 +814,8 @@ class LocalEngine:
             for index in indices:
                 request = self._rows[index]
                 if fresh and request.weights_epoch == self._cache_epoch:  # never hold stale KV
-                    assert self._mask is not None
                     read = request.prompt_ids + request.token_ids[:-1]  # the last id was never fed
-                    self._hold(read, self._cache, index, self._mask)
+                    self._hold(read, self._batch_kv, index)
         leaving = [self._rows[index] for index in indices]
         keep = [index for index in range(len(self._rows)) if index not in finished]
         self._rows = [self._rows[index] for index in keep]
@@ -844,7 +868,9 @@ class LocalEngine:
         self._cache, self._mask, self._batch_kv = [], None, None  # the old buffer goes once parts are copied
         if not parts:
             return
-        kv = BatchKV(parts, self._reserved_width(self._rows))
+        self._use_batch(BatchKV(parts, self._reserved_width(self._rows)))
+
+    def _use_batch(self, kv: Any) -> None:
         self._batch_kv, self._cache, self._mask = kv, kv.layers(), kv.mask()
         self._trim_due = True
 

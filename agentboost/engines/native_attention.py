@@ -46,7 +46,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "attention.c"
+SOURCES = (
+    Path(__file__).with_name("native") / "attention.c",
+    Path(__file__).with_name("native") / "layers.c",
+)
+"""Built together into one library: the attention, and the direct forward's norm and rotary embedding."""
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 ENVIRONMENT_SWITCH = "AGENTBOOST_NATIVE_ATTENTION"
 """Set to ``0`` to keep PyTorch's attention for decode steps."""
@@ -86,7 +90,8 @@ def library_path(cache: Path | None = None) -> Path:
     compiler = _compiler()
     resolved = shutil.which(compiler) or compiler
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), resolved.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode()):
+    sources = [source.read_bytes() for source in SOURCES]
+    for part in (*sources, resolved.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode()):
         key.update(part)
         key.update(b"\0")
     return (cache or cache_dir() / "kernels") / f"attention-{key.hexdigest()[:16]}.so"
@@ -105,7 +110,7 @@ def build(cache: Path | None = None) -> Path:
     os.close(handle)
     try:
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=120
+            [compiler, *FLAGS, "-o", partial, *map(str, SOURCES)], capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             raise BuildError(f"{compiler} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
@@ -130,7 +135,12 @@ def _load() -> ctypes.CDLL | None:
         try:
             library = ctypes.CDLL(str(build()))
             function = library.agentboost_decode_attention_f32
-            library.agentboost_prefill_attention_f32  # noqa: B018 (both entry points, or neither)
+            for name in (
+                "agentboost_prefill_attention_f32",
+                "agentboost_rms_norm_f32",
+                "agentboost_rotary_f32",
+            ):
+                getattr(library, name)  # every entry point, or none
         except (BuildError, OSError, AttributeError) as error:
             _reason = f"not built: {error}"
             logger.warning("decode steps keep PyTorch's attention; the native kernel is %s", _reason)
@@ -143,6 +153,12 @@ def _load() -> ctypes.CDLL | None:
         prefill.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, i64, ptr]
         prefill.argtypes += [c_int] * 6 + [ctypes.c_float, c_int]
         prefill.restype = c_int
+        norm = library.agentboost_rms_norm_f32
+        norm.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, i64, c_int]
+        norm.restype = None
+        rotary = library.agentboost_rotary_f32
+        rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, c_int]
+        rotary.restype = None
         _library = library
         return _library
 
@@ -282,6 +298,78 @@ def prefill(
         return None  # a mask row of another shape: PyTorch's attention
     prefill_calls += 1
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """``weight * (x * rsqrt(mean(x**2, -1) + eps))`` in one pass (``native/layers.c``), or None where
+    the kernel does not apply (not fp32 on CPU, a strided last dimension, no kernel)."""
+    dim = x.shape[-1]
+    if not _plain(x, weight) or weight.shape != (dim,) or not weight.is_contiguous() or x.numel() == 0:
+        return None
+    rows = x.reshape(-1, dim)  # a view for the engine's tensors; a copy otherwise
+    library = _load()
+    if library is None:
+        return None
+    out = torch.empty_like(rows)
+    with _profiled("agentboost::native_rms_norm"):
+        library.agentboost_rms_norm_f32(
+            rows.data_ptr(),
+            rows.shape[0],
+            dim,
+            rows.stride(0),
+            weight.data_ptr(),
+            eps,
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+    return out.view(x.shape)
+
+
+def rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotate ``query`` and ``key`` (``[B, S, heads, D]``, heads and ``D`` laid out plainly) in place by
+    transformers' ``apply_rotary_pos_emb`` with ``cos``/``sin`` ``[B, S, D]``, to the bit; False (both
+    untouched) where the kernel does not apply to both."""
+    if not (_rotates(query, cos, sin) and _rotates(key, cos, sin)):
+        return False
+    library = _load()
+    if library is None:
+        return False
+    with _profiled("agentboost::native_rotary"):
+        for x in (query, key):
+            batch, length, heads, dim = x.shape
+            library.agentboost_rotary_f32(
+                x.data_ptr(),
+                batch * length,
+                heads,
+                dim,
+                x.stride(1),
+                dim,
+                cos.data_ptr(),
+                sin.data_ptr(),
+                dim,
+                torch.get_num_threads(),
+            )
+    return True
+
+
+def _rotates(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    if x.dim() != 4 or cos.shape != (*x.shape[:2], x.shape[3]) or sin.shape != cos.shape or x.numel() == 0:
+        return False
+    _, length, _, dim = x.shape
+    return (
+        _plain(x, cos, sin)
+        and dim % 2 == 0
+        and x.stride(2) == dim
+        and x.stride(0) == length * x.stride(1)
+        and cos.is_contiguous()
+        and sin.is_contiguous()
+    )
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    """fp32 CPU tensors with a contiguous last dimension."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in tensors)
 
 
 def _takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

@@ -33,9 +33,39 @@ import torch
 import torch.nn.functional as F
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T + b`` by oneDNN; ``weight`` is the plain weight or its pack."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def _onednn_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    post: str = "none",
+    other: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ W.T + b`` by oneDNN, then ``post``: ``"none"``, ``"swish"`` (SiLU), or with ``other``
+    ``"mul"`` / ``"add"``; ``weight`` is the plain weight or its pack. Every oneDNN product goes here."""
+    if other is not None:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, post)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post, [], "")
+
+
+class Linears:
+    """A model's linears for the direct forward (agentboost/engines/direct_forward.py): ``x @ W.T + b``
+    alone or followed by what comes next in a decoder layer, on PyTorch's own path. The oneDNN route
+    (:class:`PackedLinears`) does the same inside the product, with no pass of its own over the output."""
+
+    def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        return F.linear(x, module.weight, module.bias)
+
+    def silu(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        """``silu(module(x))``."""
+        return F.silu(self(x, module), inplace=True)
+
+    def mul(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
+        """``module(x) * other``."""
+        return self(x, module).mul_(other)
+
+    def add(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
+        """``module(x) + other`` (a residual addition)."""
+        return self(x, module).add_(other)
 
 
 def onednn_supported(model: Any) -> bool:
@@ -49,8 +79,14 @@ def onednn_supported(model: Any) -> bool:
     return parameter.device.type == "cpu" and parameter.dtype == torch.float32
 
 
-class PackedLinears:
-    """A model's fp32 ``nn.Linear`` layers through oneDNN inside :meth:`active`, on packs when held."""
+class PackedLinears(Linears):
+    """A model's fp32 ``nn.Linear`` layers through oneDNN inside :meth:`active`, on packs when held.
+
+    Called directly (``linears(x, module)`` and the fused forms of :class:`Linears`), it computes on
+    the same route without entering :meth:`active`: the direct forward's products. The fused forms are
+    oneDNN post-ops: ``silu`` its ``swish`` (to about 1e-6 of PyTorch's), ``mul`` and ``add`` its binary
+    ones (the same operation on the product's fp32 result).
+    """
 
     def __init__(self, model: Any) -> None:
         # exact nn.Linear only (subclasses may compute more than x @ W.T + b); modules whose forward
@@ -90,15 +126,37 @@ class PackedLinears:
     def release(self) -> None:
         self._packs, self._epoch, self._forwards = None, None, None
 
-    def compute(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-        """``module(x)`` on the oneDNN route without entering :meth:`active`: its pack when packs are
-        held, else its weight; ``F.linear`` for a module this object does not route or an input autograd
-        must see (the direct decode step's call, agentboost/engines/direct_decode.py)."""
+    def _weight(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor | None:
+        """The weight (or its pack) oneDNN computes ``module(x)`` with; None where ``F.linear`` must (a
+        module this object does not route, or an input autograd must see)."""
         index = self._index.get(id(module))
         if index is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+            return None
+        return self._packs[index] if self._packs is not None else module.weight
+
+    def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        weight = self._weight(x, module)
+        if weight is None:
             return F.linear(x, module.weight, module.bias)
-        weight = self._packs[index] if self._packs is not None else module.weight
         return _onednn_linear(x, weight, module.bias)
+
+    def silu(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        weight = self._weight(x, module)
+        if weight is None:
+            return super().silu(x, module)
+        return _onednn_linear(x, weight, module.bias, "swish")
+
+    def mul(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
+        weight = self._weight(x, module)
+        if weight is None or not _fits(other, x, module):
+            return super().mul(x, module, other)
+        return _onednn_linear(x, weight, module.bias, "mul", other)
+
+    def add(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
+        weight = self._weight(x, module)
+        if weight is None or not _fits(other, x, module):
+            return super().add(x, module, other)
+        return _onednn_linear(x, weight, module.bias, "add", other)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -124,6 +182,12 @@ class PackedLinears:
             for module in self._linears:
                 module.__dict__.pop("forward", None)
             self._owner = None
+
+
+def _fits(other: torch.Tensor, x: torch.Tensor, module: torch.nn.Module) -> bool:
+    """``other`` can be a binary post-op's operand of ``module(x)``: its shape, fp32, contiguous."""
+    wanted = (*x.shape[:-1], module.weight.shape[0])
+    return other.shape == wanted and other.dtype == torch.float32 and other.is_contiguous()
 
 
 def _onednn_forward(module: torch.nn.Linear, weight: torch.Tensor | None, owner: PackedLinears) -> Any:

@@ -133,6 +133,14 @@ class PrefixCache:
         Returns ``(length, kv)`` with ``kv`` of shape ``[layers, 2, kv_heads, length, head_dim]`` (a new
         tensor: the caller may keep it), or ``(0, None)``. Marks the matched entries as recently used.
         """
+        length, pieces = self.match_pieces(tokens, limit)
+        if not pieces:
+            return 0, None
+        return length, torch.cat(pieces, dim=3) if len(pieces) > 1 else pieces[0].clone()
+
+    def match_pieces(self, tokens: Sequence[int], limit: int) -> tuple[int, list[torch.Tensor]]:
+        """As :meth:`match`, without a copy: the matched KV as views of the entries, in order (valid
+        until the cache next changes; the engine copies them into its batch at once)."""
         pieces: list[torch.Tensor] = []
         node, position = self._root, 0
         now = next(self._clock)
@@ -150,17 +158,18 @@ class PrefixCache:
             if common < len(child.tokens):
                 break
             node = child
-        if not pieces:
-            return 0, None
-        return position, torch.cat(pieces, dim=3) if len(pieces) > 1 else pieces[0].clone()
+        return position, pieces
 
     # --- insertion -------------------------------------------------------------------------------
 
-    def insert(self, tokens: Sequence[int], kv: torch.Tensor, offset: int = 0) -> None:
+    def insert(
+        self, tokens: Sequence[int], kv: torch.Tensor, offset: int = 0, *, owned: bool = False
+    ) -> None:
         """Hold the KV of ``tokens``. ``kv`` covers ``tokens[offset:]`` (the part before is known cached).
 
         Parts already held are kept as they are. Evicts least recently used leaves to stay within the
-        budget; a run that cannot fit at all is held only as far as it fits.
+        budget; a run that cannot fit at all is held only as far as it fits. ``owned``: ``kv`` is a
+        contiguous tensor nobody else holds, kept as it is when all of it is new (no copy).
         """
         if not self.enabled or len(tokens) <= offset:
             return
@@ -185,7 +194,12 @@ class PrefixCache:
         fits = min(new.shape[3], room // per_token) if per_token else 0
         if fits <= 0:
             return
-        leaf = _Node(tuple(tokens[position : position + fits]), new[:, :, :, :fits].clone(), node)
+        whole = owned and position == offset and fits == kv.shape[3] and kv.is_contiguous()
+        if whole and kv.untyped_storage().nbytes() == kv.numel() * kv.element_size():
+            held = kv  # the caller's own copy, kept as it is
+        else:
+            held = new[:, :, :, :fits].clone()
+        leaf = _Node(tuple(tokens[position : position + fits]), held, node)
         leaf.last_used = now
         node.children[leaf.tokens[0]] = leaf
         self._account(leaf, +1)

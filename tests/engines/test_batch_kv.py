@@ -5,9 +5,10 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
-from agentboost.engines.batch_kv import HEADROOM, BatchKV
+from agentboost.engines.batch_kv import HEADROOM, BatchKV, layout_of
 
 
 def part(rows: int, width: int, layers: int = 3, seed: int = 0):
@@ -60,3 +61,36 @@ def test_a_replaced_batch_is_freed_at_once_without_the_cycle_collector():
         assert layers[0][0].shape == (2, 2, 4, 4)
     finally:
         gc.enable()
+
+
+def test_rows_left_for_a_prefill_get_their_columns_written_in_place_and_only_their_padding_zeroed():
+    running = part(2, 5, seed=1)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])  # [pad | cached | pad | new]
+    kv = BatchKV([running, (None, mask)], max_width=100, layout=layout_of(running[0]))
+    assert (kv.rows, kv.width) == (4, 7) and kv.part_start(1) == (2, 0)
+    assert torch.equal(kv.mask()[2:], mask) and torch.equal(kv.mask()[:2, 2:], running[1])
+    cached = torch.randn(3, 2, 2, 2, 4)  # [layers, 2, heads, tokens, head dim]: a prefix-cache entry
+    kv.write_prefix(2, 1, cached)
+    cache = kv.prefill_cache(1, filled=3)  # three columns already written: the cached prefix
+    new = [torch.randn(2, 2, 4, 4) for _ in range(3)]
+    for layer, keys_in in zip(cache.layers, new, strict=True):
+        keys, values = layer.update(keys_in, -keys_in)
+        assert keys.shape == (2, 2, 7, 4) and torch.equal(keys[:, :, 3:], keys_in)
+    for index, (keys, values) in enumerate(kv.layers()):
+        assert torch.equal(keys[2, :, 1:3], cached[index, 0, :, :2])
+        assert torch.equal(keys[2:, :, 3:], new[index]) and torch.equal(values[2:, :, 3:], -new[index])
+        assert not keys[2, :, 0].any() and not values[2, :, 0].any()  # padding: zeros, never garbage
+        assert torch.equal(keys[:2, :, 2:], running[0][index][0])  # the running rows, copied once
+    # a row's KV for the prefix cache: its attended columns in order, across the hole, after a skip
+    held = kv.row_kv(2, skip=1)
+    assert kv.row_tokens(2) == 5 and held.shape == (3, 2, 2, 4, 4) and held.is_contiguous()
+    for index, (keys, values) in enumerate(kv.layers()):
+        assert torch.equal(held[index, 0], keys[2, :, [2, 4, 5, 6]])
+        assert torch.equal(held[index, 1], values[2, :, [2, 4, 5, 6]])
+    with pytest.raises(RuntimeError, match="past its batch's columns"):
+        cache.layers[0].update(torch.zeros(2, 2, 200, 4), torch.zeros(2, 2, 200, 4))
+
+
+def test_a_batch_of_prefill_rows_alone_needs_the_layout():
+    with pytest.raises(ValueError, match="layout"):
+        BatchKV([(None, torch.ones(1, 3, dtype=torch.long))], max_width=10)

@@ -145,9 +145,13 @@ def test_only_a_large_prefill_keeps_its_blocks_in_the_heap_and_the_heap_is_trimm
     monkeypatch.setattr(local, "LARGE_PREFILL_BYTES", threshold)
     engine = LocalEngine(tiny_qwen3(), prefix_cache_bytes=0)
     engine._trimmed_at = float("inf")  # the rate-limited trim after a batch change never comes due here
-    original_forward = engine._forward
+    assert engine._use_direct()  # the direct forward's first-use check runs its passes before recording
+    original_forward, original_direct = engine._forward, engine._direct.forward
     monkeypatch.setattr(
         engine, "_forward", lambda **inputs: events.append("forward") or original_forward(**inputs)
+    )
+    monkeypatch.setattr(
+        engine._direct, "forward", lambda *args: events.append("forward") or original_direct(*args)
     )
     results = run(serve(engine, prompts(4, 40), max_new_tokens=3))
     assert [len(r.token_ids) for r in results] == [3, 3, 3, 3]

@@ -232,6 +232,48 @@ def test_an_engine_on_it_generates_what_pytorchs_attention_generates_and_logprob
             assert (expected - torch.tensor(result.logprobs)).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 576), (16, 400, 576), (3, 7, 4, 64), (2, 5, 33)])
+def test_rms_norm_equals_transformers_rmsnorm_to_float_rounding(shape):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    generator = torch.Generator().manual_seed(sum(shape))
+    norm = LlamaRMSNorm(shape[-1], eps=1e-5)
+    norm.weight.data = torch.randn(shape[-1], generator=generator)
+    x = torch.randn(shape, generator=generator) * 3
+    with torch.inference_mode():
+        ours, theirs = native_attention.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)
+        strided = native_attention.rms_norm(x[..., :-1], norm.weight[:-1], 1e-5)  # rows wider than D
+    assert ours.shape == x.shape and torch.allclose(ours, theirs, rtol=2e-6, atol=2e-6)
+    assert torch.allclose(
+        strided, LlamaRMSNorm(shape[-1] - 1, eps=1e-5).forward(x[..., :-1]) * norm.weight[:-1]
+    )
+    assert native_attention.rms_norm(x.double(), norm.weight.double(), 1e-5) is None  # fp32 only
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 9, 64), (16, 400, 3, 64), (2, 5, 4, 128), (1, 3, 2, 6)])
+def test_rotary_is_transformers_apply_rotary_pos_emb_to_the_bit(shape):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(sum(shape))
+    batch, length, heads, dim = shape
+    query = torch.randn(shape, generator=generator) * 4
+    key = torch.randn(batch, length, max(1, heads // 3), dim, generator=generator)
+    angles = torch.rand(batch, length, dim // 2, generator=generator) * 1000
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    expected = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
+    assert native_attention.rotary(query, key, cos, sin)
+    assert torch.equal(query.transpose(1, 2), expected[0]) and torch.equal(key.transpose(1, 2), expected[1])
+
+
+def test_rotary_declines_what_it_cannot_rotate_and_then_touches_neither():
+    query, key, cos = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 8)
+    before = query.clone(), key.clone()
+    assert not native_attention.rotary(query, key.transpose(1, 2), cos, cos)  # heads and positions swapped
+    assert not native_attention.rotary(query, key, cos[..., :4], cos[..., :4])  # cos of another size
+    assert not native_attention.rotary(query.double(), key.double(), cos.double(), cos.double())
+    assert torch.equal(query, before[0]) and torch.equal(key, before[1])
+
+
 def test_the_build_is_cached_per_source_compiler_and_cpu(tmp_path):
     first = native_attention.build(tmp_path)
     stamp = first.stat().st_mtime_ns

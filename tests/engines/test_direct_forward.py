@@ -1,6 +1,7 @@
-"""The direct decode step (agentboost/engines/direct_decode.py): the tokens and logprobs of transformers'
-forward on every family it takes, checked before its first use, and transformers' forward again for
-models it does not take or that change after the check (a hook, a replaced module)."""
+"""The direct forward (agentboost/engines/direct_forward.py): the tokens and logprobs of transformers'
+forward, in prefills and decode steps, on every family it takes, checked before its first use, and
+transformers' forward again for models it does not take or that change after the check (a hook, a
+replaced module)."""
 
 from __future__ import annotations
 
@@ -72,12 +73,13 @@ def test_each_family_decodes_what_transformers_forward_decodes(family):
     direct = LocalEngine(model)
     ours = generate_all(direct)
     direct.close()
-    assert direct.direct_decode_reason is None and direct._direct.difference <= 1e-6
+    assert direct.direct_forward_reason is None and direct._direct.difference <= 1e-5
     assert direct.direct_steps >= 15  # every decode step after the check
-    plain = LocalEngine(model, direct_decode=False)
+    assert direct.direct_prefills >= 1  # and the prefill
+    plain = LocalEngine(model, direct_forward=False)
     theirs = generate_all(plain)
     plain.close()
-    assert plain.direct_steps == 0 and plain.direct_decode_reason == "direct_decode=False"
+    assert plain.direct_steps == 0 and plain.direct_forward_reason == "direct_forward=False"
     assert_same(ours, theirs)
     with torch.enable_grad():  # and a teacher-forced pass on transformers' own sdpa, gradients on
         model.config._attn_implementation = "sdpa"
@@ -97,10 +99,10 @@ def test_models_it_does_not_take_keep_transformers_forward():
     engine = LocalEngine(sliding)
     generate_all(engine, max_new_tokens=4)
     engine.close()
-    assert engine.direct_decode_reason == "sliding-window layers" and engine.direct_steps == 0
+    assert engine.direct_forward_reason == "sliding-window layers" and engine.direct_steps == 0
     wide = build("llama").to(torch.float64)
     engine = LocalEngine(wide)
-    assert engine.direct_decode_reason == "weights are torch.float64 on cpu (fp32 on CPU only)"
+    assert engine.direct_forward_reason == "weights are torch.float64 on cpu (fp32 on CPU only)"
     engine.close()
 
 
@@ -111,10 +113,10 @@ def test_a_model_that_computes_something_else_fails_the_check(caplog):
     with caplog.at_level(logging.WARNING, logger="agentboost.engines.local"):
         ours = generate_all(engine)
     engine.close()
-    assert engine.direct_steps == 0 and engine.direct_decode_reason.startswith("failed its check")
+    assert engine.direct_steps == 0 and engine.direct_forward_reason.startswith("failed its check")
     assert engine._direct.difference > 1e-3
-    assert any("keep transformers' forward" in record.message for record in caplog.records)
-    plain = LocalEngine(model, direct_decode=False)
+    assert any("keeps transformers' forward" in record.message for record in caplog.records)
+    plain = LocalEngine(model, direct_forward=False)
     assert_same(ours, generate_all(plain), tolerance=0.0)  # the hook's output: transformers' forward ran
     plain.close()
 
@@ -148,9 +150,9 @@ def test_a_model_changed_after_the_check_goes_back_to_transformers_forward(chang
         ours = generate_all(engine)
     engine.close()
     assert engine.direct_steps == used  # not one step more
-    assert engine.direct_decode_reason == "the model's modules or hooks changed after its check"
+    assert engine.direct_forward_reason == "the model's modules or hooks changed after its check"
     assert any("modules or hooks changed" in record.message for record in caplog.records)
-    plain = LocalEngine(model, direct_decode=False, prefix_cache_bytes=0)
+    plain = LocalEngine(model, direct_forward=False, prefix_cache_bytes=0)
     assert_same(ours, generate_all(plain))
     plain.close()
 
@@ -164,7 +166,38 @@ def test_gradient_checkpointings_hook_on_the_embedding_is_run_not_refused():
     engine = LocalEngine(model)
     ours = generate_all(engine)
     engine.close()
-    assert engine.direct_decode_reason is None and engine.direct_steps >= 15
-    plain = LocalEngine(model, direct_decode=False)
-    assert_same(ours, generate_all(plain), tolerance=0.0)
+    assert engine.direct_forward_reason is None and engine.direct_steps >= 15
+    plain = LocalEngine(model, direct_forward=False)
+    assert_same(ours, generate_all(plain))
     plain.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prefills_from_cached_prefixes_beside_running_rows_match_transformers_forward(family):
+    """A second turn prefills only what follows each conversation's cached prefix, while another request
+    is still decoding: its rows join the running batch. Both engines share that schedule; only the
+    forward differs."""
+    model = build(family, seed=4)
+
+    async def conversations(engine: LocalEngine):
+        greedy = SamplingParams(temperature=0)
+        running = asyncio.ensure_future(engine.generate(PROMPTS[0][:7], greedy, max_new_tokens=40))
+        first = await asyncio.gather(
+            *(engine.generate(p, s, max_new_tokens=6) for p, s in zip(PROMPTS, SAMPLINGS, strict=True))
+        )
+        second = await asyncio.gather(
+            *(
+                engine.generate(p + r.token_ids + [7, 8, 9], s, max_new_tokens=6)
+                for p, r, s in zip(PROMPTS, first, SAMPLINGS, strict=True)
+            )
+        )
+        return [*first, *second, await running]
+
+    results = {}
+    for direct in (True, False):
+        engine = LocalEngine(model, direct_forward=direct)
+        results[direct] = run(conversations(engine))
+        engine.close()
+        assert engine.prefix_cache.stats.cached_tokens > 0 and engine.max_batch_seen > 4
+        assert (engine.direct_prefills >= 2) == direct
+    assert_same(results[True], results[False])

@@ -1,0 +1,232 @@
+"""Prefills and decode steps that call the model's weights and functions directly, without its modules.
+
+A one-token decode step of SmolLM2-135M does little arithmetic per call: at batch 1 its 211 linears
+read the weights at near memory speed in about 15 ms, and the rest of a 25 ms step was work outside any
+operator (docs/engines.md): about 400 ``nn.Module`` calls, transformers' per-layer keyword handling,
+its attention-interface dispatch and cache bookkeeping, and a 4-D mask built every step. A prefill is
+the opposite, big products, but around them transformers makes and frees a tensor for every
+elementwise operation (the norms, the rotary embedding, the MLP's activation and product, the residual
+additions), each a pass over tens of MB. For the decoder families whose layers are plain (Llama,
+Mistral, Qwen2, Qwen3), :class:`DirectForward` runs the same computation as transformers' ``forward``
+in one function: the same weights, the same norm modules' ``forward`` and the same
+``apply_rotary_pos_emb`` of the model's own modeling module, the engine's linears (oneDNN packs, or
+``F.linear``) with the MLP's activation and product and the residual additions done inside the
+products where oneDNN can (:class:`~agentboost.engines.packed_linear.Linears`), the batch's KV buffer
+written in place, and the attention kernel of :mod:`agentboost.engines.native_attention` (or
+PyTorch's where it declines). A prefill computes the last layer's attention output and MLP for the
+last position only, the one whose logits are read. Nothing of the model is modified.
+
+Which models: a ``*ForCausalLM`` of those four families, fp32 on CPU, every layer full attention (no
+sliding window). And before its first use on an engine, a check: one small batch (two rows, one
+left-padded) is prefilled and then stepped once, through transformers' forward and through this one;
+both are used only if every log-probability agrees within 1e-5. Otherwise the engine keeps
+transformers' forward and the difference is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentboost.engines import decode_attention, native_attention, packed_linear
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+CALLED_AS_MODULES = 2
+"""The first entries of ``DirectForward._modules()`` (the embedding, the rotary embedding) are called as
+modules, hooks and all; the forward computes the others itself."""
+TOLERANCE = 1e-5
+"""Largest log-probability difference the first-use check accepts."""
+NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+"""The RMSNorm classes the native kernel computes (``weight * (x * rsqrt(mean(x**2) + eps))``)."""
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why ``model`` cannot run a direct forward, or None when it can (before the numeric check)."""
+    name = type(model).__name__
+    if name not in FAMILIES:
+        return f"{name} is not one of {', '.join(FAMILIES)}"
+    config = model.config
+    parameter = next(model.parameters())
+    if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
+        return f"weights are {parameter.dtype} on {parameter.device.type} (fp32 on CPU only)"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "sliding-window layers"
+    if name == "MistralForCausalLM" and getattr(config, "sliding_window", None) is not None:
+        return "a sliding window"
+    if (getattr(config, "pretraining_tp", 1) or 1) > 1:
+        return "pretraining_tp > 1"
+    return None
+
+
+class DirectForward:
+    """Prefills and decode steps of ``model`` for the engine's batch buffer (see the module's text)."""
+
+    def __init__(self, model: Any, *, native: bool = True) -> None:
+        self.model = model
+        self.native = native  # the attention kernel (else the grouped sdpa path, as the engine chose)
+        self.inner = model.model
+        modeling = sys.modules[type(self.inner.layers[0].self_attn).__module__]
+        self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = modeling.apply_rotary_pos_emb
+        self.checked: bool | None = None  # None until the first-use check ran
+        self.difference: float | None = None
+        self._classes = [type(module) for module in self._modules()]
+
+    def _modules(self) -> list[Any]:
+        """Every module the forward reads, in order (looked up afresh: a replaced module is seen)."""
+        inner = self.inner
+        modules = [
+            inner.embed_tokens,
+            inner.rotary_emb,
+            inner.norm,
+            self.model.lm_head,
+        ]  # see CALLED_AS_MODULES
+        for layer in inner.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            modules += [layer, layer.input_layernorm, layer.post_attention_layernorm, attention, mlp]
+            modules += [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
+            modules += [mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn]
+            modules += [getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)]
+        return modules
+
+    def unchanged(self) -> bool:
+        """True while the model is what was checked: the same classes in the same places (a module
+        replaced, by an adapter for instance, is not), and no forward hooks on the modules this forward
+        does not call (all but the embedding and the rotary embedding, which it calls as modules, so
+        their hooks run: the one transformers' gradient checkpointing puts on the embedding, for one).
+        About 0.1 ms on SmolLM2; run before anything of a pass is written."""
+        if getattr(torch.nn.modules.module, "_global_forward_hooks", None) or getattr(
+            torch.nn.modules.module, "_global_forward_pre_hooks", None
+        ):
+            return False
+        modules = self._modules()
+        if len(modules) != len(self._classes):
+            return False
+        for position, (module, cls) in enumerate(zip(modules, self._classes, strict=True)):
+            if type(module) is not cls:
+                return False
+            bypassed = position >= CALLED_AS_MODULES and isinstance(module, torch.nn.Module)
+            if bypassed and (module._forward_hooks or module._forward_pre_hooks):
+                return False
+        return True
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        linears: packed_linear.Linears,
+    ) -> torch.Tensor:
+        """Logits ``[rows, vocabulary]`` of the last position of every row.
+
+        ``input_ids`` and ``positions`` are ``[rows, S]`` (``S`` is 1 for a decode step); ``mask`` the
+        ``[rows, width]`` 0/1 mask of the cache including these ``S`` columns, which are its last;
+        ``cache`` a ``Cache`` whose layers write in place (the batch buffer's, or a prefill's view of it).
+        """
+        rows, length = input_ids.shape
+        padding = mask.bool()
+        if length == 1:
+            attend_mask = padding[:, None, None, :]  # what transformers' sdpa mask is for one token
+        else:  # causal: query i (column width - S + i) reads the attended columns up to its own
+            width = padding.shape[1]
+            causal = torch.ones((length, width), dtype=torch.bool, device=mask.device).tril(width - length)
+            attend_mask = (padding[:, None, :] & causal)[:, None]  # [rows, 1, S, width]
+        last_mask = padding[:, None, None, :]  # the last position's row of it
+        hidden = self.inner.embed_tokens(input_ids)
+        cos, sin = self.inner.rotary_emb(hidden, positions)
+        layers = self.inner.layers
+        for index, layer in enumerate(layers):
+            attention = layer.self_attn
+            head_dim = attention.head_dim
+            x = self._norm(layer.input_layernorm, hidden)
+            query = linears(x, attention.q_proj).view(rows, length, -1, head_dim)
+            key = linears(x, attention.k_proj).view(rows, length, -1, head_dim)
+            value = linears(x, attention.v_proj).view(rows, length, -1, head_dim).transpose(1, 2)
+            if hasattr(attention, "q_norm"):  # Qwen3
+                query, key = self._norm(attention.q_norm, query), self._norm(attention.k_norm, key)
+            if self.native and native_attention.rotary(query, key, cos, sin):
+                query, key = query.transpose(1, 2), key.transpose(1, 2)
+            else:
+                query, key = self._rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
+            keys, values = cache.layers[index].update(key, value)
+            step_mask = attend_mask
+            if length > 1 and index == len(layers) - 1:  # only the last position's output is read
+                query, hidden, step_mask = query[:, :, -1:], hidden[:, -1:], last_mask
+            out = self._attend(attention, query, keys, values, step_mask)
+            hidden = linears.add(out.reshape(*hidden.shape[:2], -1), attention.o_proj, hidden)
+            x = self._norm(layer.post_attention_layernorm, hidden)
+            mlp = layer.mlp
+            if isinstance(mlp.act_fn, torch.nn.SiLU):
+                gate = linears.silu(x, mlp.gate_proj)
+            else:
+                gate = mlp.act_fn(linears(x, mlp.gate_proj))
+            hidden = linears.add(linears.mul(x, mlp.up_proj, gate), mlp.down_proj, hidden)
+        hidden = self._norm(self.inner.norm, hidden[:, -1])
+        return linears(hidden, self.model.lm_head)
+
+    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        """``module(x)``: in the native kernel for the RMSNorm classes it knows, else the module's own."""
+        if self.native and type(module).__name__ in NORMS:
+            out = native_attention.rms_norm(x, module.weight, module.variance_epsilon)
+            if out is not None:
+                return out
+        return module.forward(x)
+
+    def _attend(
+        self,
+        attention: Any,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[rows, S, heads, head_dim]``: the kernel where it applies, else PyTorch's attention."""
+        function = decode_attention._native_attention if self.native else decode_attention._attention
+        out, _ = function(attention, query, keys, values, mask, scaling=attention.scaling)
+        return out
+
+    def check(self, forward: Callable[..., Any], cache_argument: str, linears: packed_linear.Linears) -> bool:
+        """Compare a prefill and one step with transformers' (through the engine's ``forward``); True
+        when every log-probability agrees within :data:`TOLERANCE`."""
+        from transformers import DynamicCache
+
+        from agentboost.engines.batch_kv import BatchKV, layout_of
+
+        mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+        ids = torch.tensor([[11, 12, 13, 14, 15], [0, 0, 21, 22, 23]])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        step_ids, step_positions = torch.tensor([[7], [8]]), torch.tensor([[5], [3]])
+        with torch.inference_mode():
+            cache = DynamicCache()  # passed in under the name this transformers takes, as the engine does
+            arguments = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            theirs_prefill = forward(**arguments, **{cache_argument: cache}).logits[:, -1]
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            theirs_kv = BatchKV([(layers, mask)], 8)
+            theirs_step = forward(
+                input_ids=step_ids,
+                attention_mask=theirs_kv.next_mask(),
+                position_ids=step_positions,
+                use_cache=True,
+                **{cache_argument: theirs_kv.cache},
+            ).logits[:, -1]
+            ours_kv = BatchKV([(None, mask)], 8, layout=layout_of(layers))
+            ours_prefill = self.forward(ids, positions, mask, ours_kv.prefill_cache(0, 0), linears)
+            ours_step = self.forward(step_ids, step_positions, ours_kv.next_mask(), ours_kv.cache, linears)
+            difference = max(
+                (theirs.float().log_softmax(-1) - ours.float().log_softmax(-1)).abs().max().item()
+                for theirs, ours in ((theirs_prefill, ours_prefill), (theirs_step, ours_step))
+            )
+        self.difference = difference
+        self.checked = difference <= TOLERANCE
+        if not self.checked:
+            logger.warning(
+                "the engine keeps transformers' forward: the direct forward differed by %.2e in logprobs",
+                difference,
+            )
+        return self.checked
