@@ -33,24 +33,17 @@ import torch
 import torch.nn.functional as F
 
 
-def _onednn_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    post: str = "none",
-    other: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``x @ W.T + b`` by oneDNN, then ``post``: ``"none"``, ``"swish"`` (SiLU), or with ``other``
-    ``"mul"`` / ``"add"``; ``weight`` is the plain weight or its pack. Every oneDNN product goes here."""
-    if other is not None:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, post)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post, [], "")
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + b`` by oneDNN; ``weight`` is the plain weight or its pack."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class Linears:
     """A model's linears for the direct forward (agentboost/engines/direct_forward.py): ``x @ W.T + b``
-    alone or followed by what comes next in a decoder layer, on PyTorch's own path. The oneDNN route
-    (:class:`PackedLinears`) does the same inside the product, with no pass of its own over the output."""
+    alone or followed by what comes next in a decoder layer, done in place on the product's output (no
+    tensor of its own), on PyTorch's path here and on oneDNN's in :class:`PackedLinears`. (oneDNN can
+    do these inside its products, as post-ops; on a 16 x 400 prefill that was no faster, measured in
+    docs/engines.md, and its SiLU is not PyTorch's to the bit.)"""
 
     def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         return F.linear(x, module.weight, module.bias)
@@ -82,10 +75,8 @@ def onednn_supported(model: Any) -> bool:
 class PackedLinears(Linears):
     """A model's fp32 ``nn.Linear`` layers through oneDNN inside :meth:`active`, on packs when held.
 
-    Called directly (``linears(x, module)`` and the fused forms of :class:`Linears`), it computes on
-    the same route without entering :meth:`active`: the direct forward's products. The fused forms are
-    oneDNN post-ops: ``silu`` its ``swish`` (to about 1e-6 of PyTorch's), ``mul`` and ``add`` its binary
-    ones (the same operation on the product's fp32 result).
+    Called directly (``linears(x, module)`` and the forms of :class:`Linears`), it computes on the same
+    route without entering :meth:`active`: the direct forward's products.
     """
 
     def __init__(self, model: Any) -> None:
@@ -140,24 +131,6 @@ class PackedLinears(Linears):
             return F.linear(x, module.weight, module.bias)
         return _onednn_linear(x, weight, module.bias)
 
-    def silu(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-        weight = self._weight(x, module)
-        if weight is None:
-            return super().silu(x, module)
-        return _onednn_linear(x, weight, module.bias, "swish")
-
-    def mul(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
-        weight = self._weight(x, module)
-        if weight is None or not _fits(other, x, module):
-            return super().mul(x, module, other)
-        return _onednn_linear(x, weight, module.bias, "mul", other)
-
-    def add(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
-        weight = self._weight(x, module)
-        if weight is None or not _fits(other, x, module):
-            return super().add(x, module, other)
-        return _onednn_linear(x, weight, module.bias, "add", other)
-
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Route the linears through oneDNN for the duration of one forward pass in this thread.
@@ -182,12 +155,6 @@ class PackedLinears(Linears):
             for module in self._linears:
                 module.__dict__.pop("forward", None)
             self._owner = None
-
-
-def _fits(other: torch.Tensor, x: torch.Tensor, module: torch.nn.Module) -> bool:
-    """``other`` can be a binary post-op's operand of ``module(x)``: its shape, fp32, contiguous."""
-    wanted = (*x.shape[:-1], module.weight.shape[0])
-    return other.shape == wanted and other.dtype == torch.float32 and other.is_contiguous()
 
 
 def _onednn_forward(module: torch.nn.Linear, weight: torch.Tensor | None, owner: PackedLinears) -> Any:
