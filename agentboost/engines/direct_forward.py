@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from agentboost.engines import decode_attention, native_attention, packed_linear
 
@@ -49,6 +50,8 @@ logprobs by up to 8e-5: docs/engines.md); a model computed differently differs b
 hook adding 0.5 to one MLP's output in the tests: 1.4)."""
 SILU = ("SiLU", "SiLUActivation")
 """Activation modules that compute ``silu(x)`` (torch's, transformers'): applied in place."""
+MLP_BLOCK_BYTES = 16 << 20
+"""The most a block of rows' gate and up outputs take together in :meth:`DirectForward._mlp`."""
 NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 """The RMSNorm classes the native kernel computes (``weight * (x * rsqrt(mean(x**2) + eps))``)."""
 
@@ -84,6 +87,14 @@ class DirectForward:
         self.difference: float | None = None  # the check's largest logit difference, relative
         self.logprob_difference: float | None = None  # and its largest log-probability difference
         self._classes = [type(module) for module in self._modules()]
+
+    def groups(self) -> list[tuple[Any, ...]]:
+        """The linears each layer runs on one input: its query, key and value; its MLP's gate and up."""
+        groups: list[tuple[Any, ...]] = []
+        for layer in self.inner.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            groups += [(attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)]
+        return groups
 
     def _modules(self) -> list[Any]:
         """Every module the forward reads, in order (looked up afresh: a replaced module is seen)."""
@@ -153,9 +164,10 @@ class DirectForward:
             attention = layer.self_attn
             head_dim = attention.head_dim
             x = self._norm(layer.input_layernorm, hidden)
-            query = linears(x, attention.q_proj).view(rows, length, -1, head_dim)
-            key = linears(x, attention.k_proj).view(rows, length, -1, head_dim)
-            value = linears(x, attention.v_proj).view(rows, length, -1, head_dim).transpose(1, 2)
+            query, key, value = linears.project(x, (attention.q_proj, attention.k_proj, attention.v_proj))
+            query = query.view(rows, length, -1, head_dim)
+            key = key.view(rows, length, -1, head_dim)
+            value = value.view(rows, length, -1, head_dim).transpose(1, 2)
             if hasattr(attention, "q_norm"):  # Qwen3
                 query, key = self._norm(attention.q_norm, query), self._norm(attention.k_norm, key)
             if self.native and native_attention.rotary(query, key, cos, sin):
@@ -168,15 +180,23 @@ class DirectForward:
                 query, hidden, step_mask = query[:, :, -1:], hidden[:, -1:], last_mask
             out = self._attend(attention, query, keys, values, step_mask)
             hidden = linears.add(out.reshape(*hidden.shape[:2], -1), attention.o_proj, hidden)
-            x = self._norm(layer.post_attention_layernorm, hidden)
-            mlp = layer.mlp
-            if type(mlp.act_fn).__name__ in SILU:
-                gate = linears.silu(x, mlp.gate_proj)
-            else:
-                gate = mlp.act_fn(linears(x, mlp.gate_proj))
-            hidden = linears.add(linears.mul(x, mlp.up_proj, gate), mlp.down_proj, hidden)
+            self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), hidden, linears)
         hidden = self._norm(self.inner.norm, hidden[:, -1])
         return linears(hidden, self.model.lm_head)
+
+    @staticmethod
+    def _mlp(mlp: Any, x: torch.Tensor, hidden: torch.Tensor, linears: packed_linear.Linears) -> None:
+        """``hidden += mlp(x)``, a block of rows at a time: a prefill's gate and up outputs are tens of
+        MB a layer, which a thread's heap cannot keep for reuse (glibc maps each afresh and faults its
+        pages in: a 16 x 400 prefill took 1.1x as long, docs/engines.md); blocks of
+        :data:`MLP_BLOCK_BYTES` are reused from the heap and stay in the cache."""
+        silu = type(mlp.act_fn).__name__ in SILU
+        rows, outputs = x.reshape(-1, x.shape[-1]), hidden.view(-1, hidden.shape[-1])
+        block = max(1, MLP_BLOCK_BYTES // ((mlp.gate_proj.out_features + mlp.up_proj.out_features) * 4))
+        for start in range(0, rows.shape[0], block):
+            gate, up = linears.project(rows[start : start + block], (mlp.gate_proj, mlp.up_proj))
+            gate = F.silu(gate) if silu else mlp.act_fn(gate)
+            outputs[start : start + block] += linears(gate.mul_(up), mlp.down_proj)
 
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         """``module(x)``: in the native kernel for the RMSNorm classes it knows, else the module's own."""

@@ -181,9 +181,6 @@ class LocalEngine:
         # one-token steps attend with grouped query heads instead of a per-head copy of the cache, in the
         # native kernel unless native_attention=False (or it cannot be built here)
         self.grouped_decode_attention = decode_attention.use_for(model, native=native_attention)
-        # fp32 CPU linears through oneDNN, on packed copies of the weights unless packed_weights=False
-        self._linears = PackedLinears(model) if onednn_linears and onednn_supported(model) else None
-        self._pack_weights = packed_weights
         # decode steps without transformers' module machinery, for the model families it knows (checked
         # against transformers' forward before its first use)
         self.direct_forward_reason = None if direct_forward else "direct_forward=False"
@@ -192,6 +189,11 @@ class LocalEngine:
         self._direct = None
         if self.direct_forward_reason is None:
             self._direct = direct_forward_module.DirectForward(model, native=native_attention)
+        # fp32 CPU linears through oneDNN, on packed copies of the weights unless packed_weights=False; the
+        # direct forward's query, key and value and its gate and up each one product
+        groups = self._direct.groups() if self._direct is not None else ()
+        self._linears = PackedLinears(model, groups) if onednn_linears and onednn_supported(model) else None
+        self._pack_weights = packed_weights
         self._trimmed_at = 0.0  # time.monotonic() of the last heap trim after a re-buffer
         self._trim_due = False  # the batch changed since: the next decode step may trim
         self._trim_now = False  # a large prefill kept its freed blocks in the heap: trim, not rate-limited
@@ -695,6 +697,7 @@ class LocalEngine:
                 direct.checked = False
             if not direct.checked:
                 self.direct_forward_reason = f"failed its check against transformers ({direct.difference})"
+                self._ungroup()
         if direct.checked and not direct.unchanged():
             logger.warning(
                 "the engine goes back to transformers' forward: the model's modules or hooks changed since "
@@ -702,7 +705,13 @@ class LocalEngine:
             )
             direct.checked = False
             self.direct_forward_reason = "the model's modules or hooks changed after its check"
+            self._ungroup()
         return bool(direct.checked)
+
+    def _ungroup(self) -> None:
+        """Transformers' forward from now on: every linear gets a pack of its own again."""
+        if self._linears is not None:
+            self._linears.group(())
 
     def _direct_linears(self) -> Linears:
         """The linears of a direct pass: the oneDNN route (packed first when packing), else PyTorch's."""

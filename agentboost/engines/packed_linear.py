@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,22 +39,19 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class Linears:
-    """A model's linears for the direct forward (agentboost/engines/direct_forward.py): ``x @ W.T + b``
-    alone or followed by what comes next in a decoder layer, done in place on the product's output (no
-    tensor of its own), on PyTorch's path here and on oneDNN's in :class:`PackedLinears`. (oneDNN can
-    do these inside its products, as post-ops; on a 16 x 400 prefill that was no faster, measured in
+    """A model's linears for the direct forward (agentboost/engines/direct_forward.py), on PyTorch's
+    path here and on oneDNN's in :class:`PackedLinears`: one linear, several on the same input, or one
+    followed by the residual addition done in place on its output. (oneDNN can add, multiply or apply
+    SiLU inside its products, as post-ops; on a 16 x 400 prefill that was no faster than in place,
     docs/engines.md, and its SiLU is not PyTorch's to the bit.)"""
 
     def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         return F.linear(x, module.weight, module.bias)
 
-    def silu(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-        """``silu(module(x))``."""
-        return F.silu(self(x, module), inplace=True)
-
-    def mul(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
-        """``module(x) * other``."""
-        return self(x, module).mul_(other)
+    def project(self, x: torch.Tensor, modules: Sequence[torch.nn.Module]) -> list[torch.Tensor]:
+        """``[module(x) for module in modules]`` (the same input through several linears: a layer's
+        query, key and value, its MLP's gate and up)."""
+        return [self(x, module) for module in modules]
 
     def add(self, x: torch.Tensor, module: torch.nn.Module, other: torch.Tensor) -> torch.Tensor:
         """``module(x) + other`` (a residual addition)."""
@@ -79,7 +76,7 @@ class PackedLinears(Linears):
     route without entering :meth:`active`: the direct forward's products.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, groups: Sequence[Sequence[torch.nn.Module]] = ()) -> None:
         # exact nn.Linear only (subclasses may compute more than x @ W.T + b); modules whose forward
         # was already replaced on the instance (accelerate's hooks) are left alone
         self._linears = [
@@ -90,11 +87,35 @@ class PackedLinears(Linears):
             and module.weight.device.type == "cpu"
             and "forward" not in module.__dict__
         ]
-        self._packs: list[torch.Tensor] | None = None
+        self._index = {id(module): index for index, module in enumerate(self._linears)}
+        self._packs: list[torch.Tensor | None] | None = None  # per linear; None for a grouped one
+        self._group_packs: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
         self._epoch: int | None = None
         self._owner: int | None = None  # the thread whose pass routes through oneDNN
         self._forwards: list[Any] | None = None  # per linear, its pass's forward on the current packs
-        self._index = {id(module): index for index, module in enumerate(self._linears)}
+        self.group(groups)
+
+    def group(self, groups: Sequence[Sequence[torch.nn.Module]]) -> None:
+        """Pack each of ``groups`` (linears that read the same input: a layer's query, key and value)
+        as one product, their weights stacked, for :meth:`project`: at one to sixteen rows a decode
+        step's products read their weights faster in fewer, larger calls (docs/engines.md). A grouped
+        linear gets no pack of its own, so a pass through the model's modules (:meth:`active`) reads its
+        plain weight; ``group(())`` undoes it. Linears of different inputs, or some with a bias and some
+        without, are not grouped. Takes effect at the next :meth:`pack`."""
+        kept = []
+        for members in groups:
+            members = tuple(members)
+            if (
+                len(members) > 1
+                and all(id(module) in self._index for module in members)
+                and len({module.in_features for module in members}) == 1
+                and len({module.bias is None for module in members}) == 1
+            ):
+                kept.append(members)
+        self._groups = kept
+        self._group_index = {tuple(id(module) for module in members): i for i, members in enumerate(kept)}
+        self._grouped = {id(module) for members in kept for module in members}
+        self.release()
 
     @property
     def held(self) -> bool:
@@ -107,29 +128,51 @@ class PackedLinears(Linears):
     def pack(self, epoch: int) -> None:
         """Pack the weights as they are now (weights ``epoch``)."""
         self.release()  # the old packs go before the new ones are made
+        reorder = torch.ops.mkldnn._reorder_linear_weight
         with torch.no_grad():
             self._packs = [
-                torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+                None if id(module) in self._grouped else reorder(module.weight.detach(), None)
                 for module in self._linears
             ]
+            self._group_packs = []
+            for members in self._groups:
+                stacked = torch.cat([module.weight.detach() for module in members])
+                biases = [module.bias for module in members]
+                bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+                self._group_packs.append((reorder(stacked, None), bias))
+                del stacked
         self._epoch = epoch
 
     def release(self) -> None:
-        self._packs, self._epoch, self._forwards = None, None, None
+        self._packs, self._group_packs, self._epoch, self._forwards = None, None, None, None
+
+    def _routed(self, x: torch.Tensor) -> bool:
+        """An input oneDNN may compute on: fp32, outside autograd's view."""
+        return x.dtype == torch.float32 and not torch.is_grad_enabled()
 
     def _weight(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor | None:
         """The weight (or its pack) oneDNN computes ``module(x)`` with; None where ``F.linear`` must (a
         module this object does not route, or an input autograd must see)."""
         index = self._index.get(id(module))
-        if index is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+        if index is None or not self._routed(x):
             return None
-        return self._packs[index] if self._packs is not None else module.weight
+        pack = self._packs[index] if self._packs is not None else None
+        return module.weight if pack is None else pack
 
     def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         weight = self._weight(x, module)
         if weight is None:
             return F.linear(x, module.weight, module.bias)
         return _onednn_linear(x, weight, module.bias)
+
+    def project(self, x: torch.Tensor, modules: Sequence[torch.nn.Module]) -> list[torch.Tensor]:
+        """As :meth:`Linears.project`; a group's outputs are views of its one product's output."""
+        group = self._group_index.get(tuple(id(module) for module in modules))
+        if group is None or self._group_packs is None or not self._routed(x):
+            return super().project(x, modules)
+        pack, bias = self._group_packs[group]
+        out = _onednn_linear(x, pack, bias)
+        return list(out.split([module.out_features for module in modules], dim=-1))
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -141,7 +184,7 @@ class PackedLinears(Linears):
         function, at a tenth of its cost (211 of them a pass on SmolLM2).
         """
         if self._forwards is None:
-            packs = self._packs or [None] * len(self._linears)
+            packs = self._packs or [None] * len(self._linears)  # None: the plain weight (or grouped)
             self._forwards = [
                 _onednn_forward(module, weight, self)
                 for module, weight in zip(self._linears, packs, strict=True)

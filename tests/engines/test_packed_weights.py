@@ -64,9 +64,10 @@ def test_onednn_linears_give_the_tokens_and_logprobs_of_torch_linears(onednn_cal
     packed, packed_engine, packed_calls = run(generate())
     unpacked, unpacked_engine, unpacked_calls = run(generate(packed_weights=False))
     plain, _, plain_calls = run(generate(onednn_linears=False))
-    # every pass of the default engine ran on packs; each pass calls the 7 linears of 2 layers and the head
+    # every pass of the default engine ran on packs; each pass makes 4 products in each of the 2 layers
+    # (query, key and value together; the output; gate and up together; down) and the head's
     assert packed_engine.packed_passes > packed_engine.steps >= 19
-    assert packed_calls == 15 * packed_engine.packed_passes
+    assert packed_calls == 9 * packed_engine.packed_passes
     assert unpacked_engine.packed_passes == 0 and unpacked_calls >= 15 * unpacked_engine.steps
     assert plain_calls == 0
     for results in (packed, unpacked):
@@ -75,6 +76,33 @@ def test_onednn_linears_give_the_tokens_and_logprobs_of_torch_linears(onednn_cal
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
     # nothing of the oneDNN path is left on the model
     assert not any("forward" in module.__dict__ for module in model.modules())
+
+
+def test_grouped_linears_are_one_product_and_ungrouped_ones_get_their_own_packs_again():
+    model = tiny_qwen3(seed=4, hidden=128)
+    layer = model.model.layers[0]
+    attention, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = (attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)
+    linears = PackedLinears(
+        model, [qkv, gate_up, (attention.o_proj, mlp.down_proj)]
+    )  # the last: other inputs
+    linears.pack(epoch=0)
+    x = torch.randn(3, 5, 128)
+    with torch.inference_mode():
+        for group in (qkv, gate_up):
+            outs = linears.project(x, group)
+            assert [o.shape[-1] for o in outs] == [m.out_features for m in group]
+            for out, module in zip(outs, group, strict=True):
+                assert torch.allclose(out, F.linear(x, module.weight, module.bias), atol=1e-5)
+                assert linears._packs[linears._index[id(module)]] is None  # no pack of its own
+        assert linears._packs[linears._index[id(attention.o_proj)]] is not None  # not grouped
+        linears.group(())  # transformers' forward from now on
+        assert not linears.held
+        linears.pack(epoch=1)
+        assert all(pack is not None for pack in linears._packs)
+        outs = linears.project(x, qkv)  # now three products
+        for out, module in zip(outs, qkv, strict=True):
+            assert torch.allclose(out, F.linear(x, module.weight, module.bias), atol=1e-5)
 
 
 def test_packs_follow_weight_changes_and_are_given_back():
