@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 CALLED_AS_MODULES = 2
-"""The first entries of ``DirectForward._modules()`` (the embedding, the rotary embedding) are called as
+"""The first entries of ``DirectForward._walk()`` (the embedding, the rotary embedding) are called as
 modules, hooks and all; the forward computes the others itself."""
 TOLERANCE = 1e-4
 """Largest logit difference the first-use check accepts, relative to the largest logit. Two fp32
@@ -74,56 +74,108 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+class _Top(NamedTuple):
+    embed: Any
+    rotary: Any
+    norm: Any
+    lm_head: Any
+
+
+class _Layer(NamedTuple):
+    layer: Any
+    input_norm: Any
+    post_norm: Any
+    attention: Any
+    mlp: Any
+    q: Any
+    k: Any
+    v: Any
+    o: Any
+    gate: Any
+    up: Any
+    down: Any
+    act: Any
+    q_norm: Any
+    k_norm: Any
+
+
+def _flat(walked: tuple[_Top, list[_Layer]]) -> list[Any]:
+    top, layers = walked
+    return [*top, *(module for layer in layers for module in layer)]
+
+
 class DirectForward:
     """Prefills and decode steps of ``model`` for the engine's batch buffer (see the module's text)."""
 
     def __init__(self, model: Any, *, native: bool = True) -> None:
         self.model = model
         self.native = native  # the attention kernel (else the grouped sdpa path, as the engine chose)
-        self.inner = model.model
-        modeling = sys.modules[type(self.inner.layers[0].self_attn).__module__]
+        inner = model.model
+        modeling = sys.modules[type(inner.layers[0].self_attn).__module__]
         self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = modeling.apply_rotary_pos_emb
         self.checked: bool | None = None  # None until the first-use check ran
         self.difference: float | None = None  # the check's largest logit difference, relative
         self.logprob_difference: float | None = None  # and its largest log-probability difference
-        self._classes = [type(module) for module in self._modules()]
+        self._walked = self._walk()  # the modules as the last look found them
+        self._classes = [type(module) for module in _flat(self._walked)]
 
     def groups(self) -> list[tuple[Any, ...]]:
         """The linears each layer runs on one input: its query, key and value; its MLP's gate and up."""
-        groups: list[tuple[Any, ...]] = []
-        for layer in self.inner.layers:
-            attention, mlp = layer.self_attn, layer.mlp
-            groups += [(attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)]
-        return groups
+        return [
+            group
+            for layer in self._walked[1]
+            for group in ((layer.q, layer.k, layer.v), (layer.gate, layer.up))
+        ]
 
-    def _modules(self) -> list[Any]:
-        """Every module the forward reads, in order (looked up afresh: a replaced module is seen)."""
-        inner = self.inner
-        modules = [
-            inner.embed_tokens,
-            inner.rotary_emb,
-            inner.norm,
-            self.model.lm_head,
-        ]  # see CALLED_AS_MODULES
-        for layer in inner.layers:
-            attention, mlp = layer.self_attn, layer.mlp
-            modules += [layer, layer.input_layernorm, layer.post_attention_layernorm, attention, mlp]
-            modules += [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
-            modules += [mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn]
-            modules += [getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)]
-        return modules
+    def _walk(self) -> tuple[_Top, list[_Layer]]:
+        """Every module the forward reads, looked up afresh (a replaced module is seen), through the
+        modules' own dictionaries: a fifth of the time of attribute lookups, which go through
+        ``nn.Module.__getattr__`` (420 modules on SmolLM2, before every pass)."""
+        top = self.model._modules
+        inner = top["model"]._modules
+        layers = []
+        for layer in inner["layers"]._modules.values():
+            members = layer._modules
+            attention, mlp = members["self_attn"], members["mlp"]
+            a, m = attention._modules, mlp._modules
+            act = m.get("act_fn") or mlp.act_fn
+            layers.append(
+                _Layer(
+                    layer,
+                    members["input_layernorm"],
+                    members["post_attention_layernorm"],
+                    attention,
+                    mlp,
+                    a["q_proj"],
+                    a["k_proj"],
+                    a["v_proj"],
+                    a["o_proj"],
+                    m["gate_proj"],
+                    m["up_proj"],
+                    m["down_proj"],
+                    act,
+                    a.get("q_norm"),
+                    a.get("k_norm"),
+                )
+            )
+        return _Top(inner["embed_tokens"], inner["rotary_emb"], inner["norm"], top["lm_head"]), layers
 
     def unchanged(self) -> bool:
         """True while the model is what was checked: the same classes in the same places (a module
         replaced, by an adapter for instance, is not), and no forward hooks on the modules this forward
         does not call (all but the embedding and the rotary embedding, which it calls as modules, so
         their hooks run: the one transformers' gradient checkpointing puts on the embedding, for one).
-        About 0.1 ms on SmolLM2; run before anything of a pass is written."""
+        About 0.1 ms on SmolLM2; run before anything of a pass is written. The forward then reads the
+        modules this look found."""
         if getattr(torch.nn.modules.module, "_global_forward_hooks", None) or getattr(
             torch.nn.modules.module, "_global_forward_pre_hooks", None
         ):
             return False
-        modules = self._modules()
+        try:
+            walked = self._walk()
+        except (KeyError, AttributeError):  # a module removed
+            return False
+        modules = _flat(walked)
         if len(modules) != len(self._classes):
             return False
         for position, (module, cls) in enumerate(zip(modules, self._classes, strict=True)):
@@ -132,6 +184,7 @@ class DirectForward:
             bypassed = position >= CALLED_AS_MODULES and isinstance(module, torch.nn.Module)
             if bypassed and (module._forward_hooks or module._forward_pre_hooks):
                 return False
+        self._walked = walked
         return True
 
     def forward(
@@ -157,19 +210,19 @@ class DirectForward:
             causal = torch.ones((length, width), dtype=torch.bool, device=mask.device).tril(width - length)
             attend_mask = (padding[:, None, :] & causal)[:, None]  # [rows, 1, S, width]
         last_mask = padding[:, None, None, :]  # the last position's row of it
-        hidden = self.inner.embed_tokens(input_ids)
-        cos, sin = self.inner.rotary_emb(hidden, positions)
-        layers = self.inner.layers
+        top, layers = self._walked
+        hidden = top.embed(input_ids)
+        cos, sin = top.rotary(hidden, positions)
         for index, layer in enumerate(layers):
-            attention = layer.self_attn
+            attention = layer.attention
             head_dim = attention.head_dim
-            x = self._norm(layer.input_layernorm, hidden)
-            query, key, value = linears.project(x, (attention.q_proj, attention.k_proj, attention.v_proj))
+            x = self._norm(layer.input_norm, hidden)
+            query, key, value = linears.project(x, (layer.q, layer.k, layer.v))
             query = query.view(rows, length, -1, head_dim)
             key = key.view(rows, length, -1, head_dim)
             value = value.view(rows, length, -1, head_dim).transpose(1, 2)
-            if hasattr(attention, "q_norm"):  # Qwen3
-                query, key = self._norm(attention.q_norm, query), self._norm(attention.k_norm, key)
+            if layer.q_norm is not None:  # Qwen3
+                query, key = self._norm(layer.q_norm, query), self._norm(layer.k_norm, key)
             if self.native and native_attention.rotary(query, key, cos, sin):
                 query, key = query.transpose(1, 2), key.transpose(1, 2)
             else:
@@ -179,24 +232,24 @@ class DirectForward:
             if length > 1 and index == len(layers) - 1:  # only the last position's output is read
                 query, hidden, step_mask = query[:, :, -1:], hidden[:, -1:], last_mask
             out = self._attend(attention, query, keys, values, step_mask)
-            hidden = linears.add(out.reshape(*hidden.shape[:2], -1), attention.o_proj, hidden)
-            self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), hidden, linears)
-        hidden = self._norm(self.inner.norm, hidden[:, -1])
-        return linears(hidden, self.model.lm_head)
+            hidden = linears.add(out.reshape(*hidden.shape[:2], -1), layer.o, hidden)
+            self._mlp(layer, self._norm(layer.post_norm, hidden), hidden, linears)
+        hidden = self._norm(top.norm, hidden[:, -1])
+        return linears(hidden, top.lm_head)
 
     @staticmethod
-    def _mlp(mlp: Any, x: torch.Tensor, hidden: torch.Tensor, linears: packed_linear.Linears) -> None:
+    def _mlp(layer: _Layer, x: torch.Tensor, hidden: torch.Tensor, linears: packed_linear.Linears) -> None:
         """``hidden += mlp(x)``, a block of rows at a time: a prefill's gate and up outputs are tens of
         MB a layer, which a thread's heap cannot keep for reuse (glibc maps each afresh and faults its
         pages in: a 16 x 400 prefill took 1.1x as long, docs/engines.md); blocks of
         :data:`MLP_BLOCK_BYTES` are reused from the heap and stay in the cache."""
-        silu = type(mlp.act_fn).__name__ in SILU
+        silu = type(layer.act).__name__ in SILU
         rows, outputs = x.reshape(-1, x.shape[-1]), hidden.view(-1, hidden.shape[-1])
-        block = max(1, MLP_BLOCK_BYTES // ((mlp.gate_proj.out_features + mlp.up_proj.out_features) * 4))
+        block = max(1, MLP_BLOCK_BYTES // ((layer.gate.out_features + layer.up.out_features) * 4))
         for start in range(0, rows.shape[0], block):
-            gate, up = linears.project(rows[start : start + block], (mlp.gate_proj, mlp.up_proj))
-            gate = F.silu(gate) if silu else mlp.act_fn(gate)
-            outputs[start : start + block] += linears(gate.mul_(up), mlp.down_proj)
+            gate, up = linears.project(rows[start : start + block], (layer.gate, layer.up))
+            gate = F.silu(gate) if silu else layer.act(gate)
+            outputs[start : start + block] += linears(gate.mul_(up), layer.down)
 
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         """``module(x)``: in the native kernel for the RMSNorm classes it knows, else the module's own."""
@@ -226,6 +279,8 @@ class DirectForward:
 
         from agentboost.engines.batch_kv import BatchKV, layout_of
 
+        self._walked = self._walk()  # what is checked is the model as it is now
+        self._classes = [type(module) for module in _flat(self._walked)]
         mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
         ids = torch.tensor([[11, 12, 13, 14, 15], [0, 0, 21, 22, 23]])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)

@@ -447,15 +447,16 @@ class LocalEngine:
     # --- weights and the prefix cache --------------------------------------------------------------
 
     def _weights_fingerprint(self) -> int:
-        """Changes whenever a parameter is modified in place (version counter) or replaced (storage)."""
-        marks = []
-        for parameter in self.model.parameters():
-            try:
-                version = parameter._version
-            except RuntimeError:  # inference tensors have no version counter
-                version = -1
-            marks.append((parameter.data_ptr(), version))
-        return hash(tuple(marks))
+        """Changes whenever a parameter is modified in place (version counter) or replaced (storage).
+
+        Read before every pass (0.1 ms on SmolLM2): the walk goes through the modules' own dictionaries,
+        which ``model.parameters()`` does at a fourth of the speed."""
+        parameters: list[Any] = []
+        _collect_parameters(self.model, parameters)
+        try:
+            return hash(tuple((parameter.data_ptr(), parameter._version) for parameter in parameters))
+        except RuntimeError:  # inference tensors have no version counter
+            return hash(tuple((parameter.data_ptr(), _version(parameter)) for parameter in parameters))
 
     def _current_epoch(self) -> int:
         """The weights epoch, bumped first if the parameters changed since the last look."""
@@ -892,6 +893,20 @@ def _cache_argument(model: Any) -> str:
 
     inner = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def _collect_parameters(module: Any, into: list[Any]) -> None:
+    into.extend(parameter for parameter in module._parameters.values() if parameter is not None)
+    for child in module._modules.values():
+        if child is not None:
+            _collect_parameters(child, into)
+
+
+def _version(parameter: Any) -> int:
+    try:
+        return parameter._version
+    except RuntimeError:  # an inference tensor
+        return -1
 
 
 def _kv_bytes_per_token(model: Any) -> int | None:
