@@ -78,6 +78,8 @@ REBUFFER_TRIM_INTERVAL_S = 2.0
 copied into the batch's buffer, came from the heap): a trim costs 7-60 ms, and a trainer's rollouts
 change their batch every time an agent's turn starts or ends."""
 LARGE_PREFILL_BYTES = GLIBC_MMAP_THRESHOLD_MAX
+SCHEDULER_IDLE_S = 600.0
+"""How long a scheduler thread whose engine closed waits for the next engine before it ends."""
 """A prefill whose widest activation (rows x width x the model's widest feature size) reaches this runs
 inside :func:`~agentboost.memory.large_blocks_from_heap`, and the heap is trimmed as soon as it is done:
 below it, glibc serves its blocks from the heap anyway and nothing changes."""
@@ -153,7 +155,7 @@ class LocalEngine:
         self._wake = threading.Condition()
         self._closed = False
         self._crash: EngineError | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: _Run | None = None  # the scheduler loop, on a thread of _SCHEDULERS
         self._admitting: list[_Request] = []  # taken from the queue, not yet in the running batch
         # the running batch
         self._rows: list[_Request] = []
@@ -342,8 +344,7 @@ class LocalEngine:
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="agentboost-local-engine", daemon=True)
-            self._thread.start()
+            self._thread = _SCHEDULERS.run(self._serve)
 
     def _serve(self) -> None:
         try:
@@ -893,6 +894,77 @@ def _cache_argument(model: Any) -> str:
 
     inner = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+class _Run:
+    """One function running on a :class:`_SchedulerThreads` thread; :meth:`join` waits for it."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+        self._done = threading.Event()
+
+    def join(self) -> None:
+        self._done.wait()
+
+
+class _SchedulerThreads:
+    """The threads engines' schedulers run on, kept and reused when an engine closes.
+
+    A thread that computes owns memory beyond its tensors: glibc's arena of its own, the OpenMP worker
+    threads PyTorch's and the kernels' parallel regions start for it, oneDNN's per-thread scratch. A
+    new thread per engine made all of that afresh, and a process that makes engine after engine (the
+    test suite, a trainer's evaluations) grew by 1-3 MiB an engine, memory left behind by the threads
+    that ended; on a kept thread it is the next engine's. An idle thread waits for the next engine for
+    :data:`SCHEDULER_IDLE_S`, then ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+
+    def run(self, function: Any) -> _Run:
+        job = _Run(function)
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(job)
+            threading.Thread(
+                target=self._loop, args=(worker,), name="agentboost-local-engine", daemon=True
+            ).start()
+            return job
+        with worker.wake:
+            worker.job = job
+            worker.wake.notify()
+        return job
+
+    def _loop(self, worker: _Worker) -> None:
+        while True:
+            job = worker.job
+            assert job is not None
+            try:
+                job.function()
+            finally:  # idle again before the engine's close() returns: the next engine finds it
+                with worker.wake:
+                    worker.job = None
+                with self._lock:
+                    self._idle.append(worker)
+                job._done.set()
+            with worker.wake:
+                while worker.job is None:
+                    if not worker.wake.wait(timeout=SCHEDULER_IDLE_S) and worker.job is None:
+                        with self._lock:  # still idle, or taken by run(), whose job is on its way
+                            if worker in self._idle:
+                                self._idle.remove(worker)
+                                return
+
+
+class _Worker:
+    def __init__(self, job: _Run) -> None:
+        self.wake = threading.Condition()
+        self.job: _Run | None = job
+
+
+_SCHEDULERS = _SchedulerThreads()
 
 
 def _collect_parameters(module: Any, into: list[Any]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
+import time
 
 import pytest
 from conftest import run, tiny_qwen3
@@ -90,6 +92,54 @@ def test_closed_engines_hold_no_kv_and_many_of_them_keep_memory_flat():
         marks.append(resident_bytes())
     per_engine = 16 * 302 * _kv_bytes_per_token(model)  # what each engine's prefix cache held: 9.4 MiB
     assert marks[-1] - marks[1] < 2 * per_engine, [m / 2**20 for m in marks]
+
+
+def test_a_closed_engines_scheduler_thread_serves_the_next_engine_and_ends_when_idle(
+    monkeypatch, random_qwen3
+):
+    """Engines made one after another run on one kept thread (its arena, OpenMP workers and oneDNN
+    scratch reused: the flat memory above); engines alive together each have their own; a thread left
+    idle for SCHEDULER_IDLE_S ends."""
+    monkeypatch.setattr(local, "SCHEDULER_IDLE_S", 0.5)
+    monkeypatch.setattr(local, "_SCHEDULERS", local._SchedulerThreads())
+    seen: list[threading.Thread] = []
+
+    def engine_recording_its_thread() -> LocalEngine:
+        engine = LocalEngine(random_qwen3)
+        original = engine._serve
+        monkeypatch.setattr(
+            engine,
+            "_serve",
+            lambda: seen.append(threading.current_thread()) or original(),
+        )
+        return engine
+
+    async def one(engine: LocalEngine):
+        result = await engine.generate([5, 6, 7], GREEDY, max_new_tokens=3)
+        await engine.aclose()
+        return result
+
+    first = run(one(engine_recording_its_thread()))
+    second = run(one(engine_recording_its_thread()))
+    assert first.token_ids == second.token_ids and len(seen) == 2
+    assert seen[0] is seen[1] and seen[0].name == "agentboost-local-engine"  # the same kept thread
+
+    async def together():
+        engines = [engine_recording_its_thread() for _ in range(3)]
+        results = await asyncio.gather(*(e.generate([5, 6, 7], GREEDY, max_new_tokens=3) for e in engines))
+        for engine in engines:
+            await engine.aclose()
+        return results
+
+    assert all(r.token_ids == first.token_ids for r in run(together()))
+    assert len(set(seen[2:])) == 3 and seen[0] in seen[2:]
+    deadline = time.monotonic() + 10
+    while local._SCHEDULERS._idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not local._SCHEDULERS._idle  # every idle thread ended
+    for thread in seen:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
 
 
 def test_release_memory_drops_an_idle_engines_prefix_cache_and_results_stay_the_same(random_qwen3):
