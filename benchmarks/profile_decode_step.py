@@ -51,7 +51,7 @@ def profile_batch(engine: LocalEngine, batch: int, length: int, steps: int) -> N
                 engine._decode_step()
     events = profiler.key_averages()
     # self times of leaf operators (aten::*) add up to the time spent inside kernels
-    kernels = ("aten::", "mkl::", "mkldnn::")
+    kernels = ("aten::", "mkl::", "mkldnn::", "agentboost::")
     operator_us = sum(e.self_cpu_time_total for e in events if e.key.startswith(kernels)) / steps
     print(f"\n== batch {batch}, prompt {length} ids, cache ~{length + WARMUP_STEPS + steps} positions")
     print(
