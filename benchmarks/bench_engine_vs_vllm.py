@@ -16,6 +16,9 @@ Both sides sample at temperature 1 without per-request seeds and without stop id
 ``--vllm-python`` (default ``$AGENTBOOST_VLLM_PYTHON`` or ``/work/venvs/vllm/bin/python``) exists, with
 agentboost's launcher (``agentboost.engines.vllm_server``) when this checkout has it, else a plain
 ``api_server`` command; its prefix cache is reset before each of its runs, and it is stopped at the end.
+Once the server is up, the machine's free memory is touched once by a child process (``warm_memory``:
+a virtual machine's first touch of a page is slow, and the server's start takes the pages already
+touched; ``--no-warm-memory`` skips it).
 Memory: the embedded engine's KV (``kv_bytes``) and this process's RSS; the server's process tree RSS.
 
     python benchmarks/bench_engine_vs_vllm.py [--repeats 2] [--threads 2] [--no-vllm]
@@ -228,6 +231,30 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def warm_memory(keep_free_gib: float = 2.0) -> tuple[float, float]:
+    """Touch the machine's available memory once, in a child process that then exits; (GiB, seconds).
+
+    On a virtual machine the hypervisor backs a guest page only when the guest first touches it, and
+    that first fault is slow: on this project's 2-core VM a fresh 300 MB tensor took 400-430 ms to fill
+    right after a vLLM server started (its start took the guest's already-backed free pages), 50-55 ms
+    before it and once touched (docs/benchmarks.md). The embedded engine allocates per batch and the
+    server preallocates its KV pool at start-up, so without this the embedded side pays the
+    hypervisor for pages the server never does.
+    """
+    available = 0.0
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) / 2**20
+    gib = max(0.0, available - keep_free_gib)
+    if gib <= 0:
+        return 0.0, 0.0
+    started = time.perf_counter()
+    touch = f"import torch; torch.ones({int(gib * 2**30) // 4}, dtype=torch.float32)"
+    subprocess.run([sys.executable, "-c", touch], check=True)
+    return gib, time.perf_counter() - started
+
+
 def idle_cpu_share(server: Server, seconds: float = 3.0) -> float:
     """Cores' worth of CPU the server's processes use over ``seconds`` with no request in flight."""
     before = tree_cpu_seconds(server.pid)
@@ -381,6 +408,11 @@ def main() -> None:
     parser.add_argument(
         "--tree", action="append", default=[], help="NAME=PATH: an embedded side from that tree"
     )
+    parser.add_argument(
+        "--no-warm-memory",
+        action="store_true",
+        help="skip touching the free memory once after the server starts (a VM backs a page on first touch)",
+    )
     parser.add_argument("--small", action="store_true", help="tiny workloads: check the script end to end")
     parser.add_argument("--worker", choices=[*DEFAULT_WORKLOADS, "prefill16"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -413,6 +445,11 @@ def main() -> None:
         server = Server(args.vllm_python, model_dir, args.threads, plain=args.vllm_plain, extra=args.vllm_arg)
         server.start()
         sides["vllm"] = VLLMEngine(server.url)
+        if not args.no_warm_memory:
+            server.pause()
+            gib, seconds = warm_memory()
+            server.resume()
+            print(f"touched {gib:.1f} GiB of free memory once in {seconds:.1f} s (see warm_memory)")
     elif not args.no_vllm:
         print(f"no vLLM interpreter at {args.vllm_python}: the embedded engine only")
     rates: dict[tuple[str, str], list[float]] = {}
