@@ -160,7 +160,6 @@ class BatchKV:
             group = shapes.index(key)
             self._slots.append((group, counts[group]))
             counts[group] += 1
-        self._value_dims = [value_dim for _, _, value_dim, _, _ in layout]
         self._buffers = [
             torch.empty((count, 2, self.rows, shape[0], capacity, shape[1]), dtype=dtype, device=device)
             for (shape, dtype, device), count in zip(shapes, counts, strict=True)

@@ -48,6 +48,7 @@ import inspect
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -965,6 +966,15 @@ class _Worker:
 
 
 _SCHEDULERS = _SchedulerThreads()
+
+
+def _forget_schedulers_after_fork() -> None:
+    """A forked child has none of its parent's threads: its engines start their own."""
+    global _SCHEDULERS
+    _SCHEDULERS = _SchedulerThreads()
+
+
+os.register_at_fork(after_in_child=_forget_schedulers_after_fork)
 
 
 def _collect_parameters(module: Any, into: list[Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import threading
 import time
 
@@ -140,6 +141,20 @@ def test_a_closed_engines_scheduler_thread_serves_the_next_engine_and_ends_when_
     for thread in seen:
         thread.join(timeout=5)
         assert not thread.is_alive()
+
+
+def test_a_forked_child_does_not_inherit_its_parents_idle_scheduler_threads(monkeypatch, random_qwen3):
+    """The threads do not exist in a child process: handing its engine one would hang it."""
+    monkeypatch.setattr(local, "_SCHEDULERS", local._SchedulerThreads())
+    engine = LocalEngine(random_qwen3)
+    run(engine.generate([5, 6, 7], GREEDY, max_new_tokens=2))
+    engine.close()
+    assert local._SCHEDULERS._idle  # the parent keeps its thread for the next engine
+    child = os.fork()
+    if child == 0:  # nothing but a look at the pool in the child
+        os._exit(0 if not local._SCHEDULERS._idle else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_release_memory_drops_an_idle_engines_prefix_cache_and_results_stay_the_same(random_qwen3):
