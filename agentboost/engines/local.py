@@ -7,8 +7,8 @@ Many agents share one model without blocking the event loop and without being se
   steps; finished or cancelled sequences leave it; every step decodes one token for all sequences;
 - each sequence keeps its KV cache for its whole generation (a left-padded batched cache with an
   attention mask, re-packed only when sequences join or leave);
-- each request samples with its own generator (seeded from the request, or from the OS when it has no
-  seed; the global torch RNG is never touched), so its tokens do not depend on what else is in the
+- each request samples with its own CPU generator (seeded from the request, or from the OS when it has
+  no seed; the global torch RNG is never touched), so its tokens do not depend on what else is in the
   batch (greedy ids and logprobs match one-by-one runs up to float rounding).
 
 **Prefix cache** (:mod:`agentboost.engines.prefix_cache`). When a sequence finishes, the KV of every
@@ -253,7 +253,9 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         generator = None
         if not sampling.greedy:
-            generator = torch.Generator(device=self.device)
+            # on the CPU whatever the model's device: a row draws one uniform a step (see _draw), and a seed
+            # then gives the same uniforms on a GPU as on a laptop
+            generator = torch.Generator()
             if sampling.seed is not None:
                 generator.manual_seed(sampling.seed)
             else:
