@@ -24,8 +24,13 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from exactness_support import teacher_forced_logprobs
 
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.local import LocalEngine
@@ -73,17 +78,13 @@ async def batch(engine, rows, sampling_of, new=None):
     )
 
 
-@torch.no_grad()
 def teacher_forced_gap(model, rows, generations, temperature: float) -> float:
+    """The largest |stored - teacher-forced| logprob over every generated id of every row."""
     worst = 0.0
     for ids, generation in zip(rows, generations, strict=True):
-        full = torch.tensor([ids + generation.token_ids], device=DEVICE)
-        logits = model(full).logits[0, len(ids) - 1 : -1].float() / temperature
-        forced = torch.log_softmax(logits, dim=-1).gather(
-            1, torch.tensor(generation.token_ids, device=DEVICE)[:, None]
-        )
-        stored = torch.tensor(generation.logprobs, device=DEVICE)
-        worst = max(worst, (forced[:, 0] - stored).abs().max().item())
+        forced = teacher_forced_logprobs(model, ids + generation.token_ids, temperature)[len(ids) - 1 :]
+        stored = torch.tensor(generation.logprobs, device=forced.device)
+        worst = max(worst, (forced - stored).abs().max().item())
     return worst
 
 

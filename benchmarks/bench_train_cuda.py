@@ -26,8 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "train")]
 
-from conftest import tiny_qwen3  # noqa: E402  (the tests' tiny model)
-from train_toy_env import FirstToken  # noqa: E402
+from train_toy_env import FirstToken, save_toy_model  # noqa: E402  (the trainer tests' toy task)
 
 from agentboost.models.tokenizers import load_qwen3_tokenizer  # noqa: E402
 from agentboost.train.config import config_from_dict  # noqa: E402
@@ -49,15 +48,6 @@ SETUPS = {
         "optimizer": {"lr": 1e-2},
     },
 }
-
-
-def toy_model(directory: Path, tokenizer) -> Path:
-    model = tiny_qwen3(seed=0, hidden=64)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(9.0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def run(name: str, sections: dict, model_dir: Path, out: Path, steps: int, device: str, target: int) -> None:
@@ -116,7 +106,7 @@ def main() -> int:
     tokenizer = load_qwen3_tokenizer()
     (target,) = tokenizer.encode("\n", add_special_tokens=False)
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = toy_model(Path(scratch) / "tiny-qwen3", tokenizer)
+        model_dir = save_toy_model(Path(scratch) / "tiny-qwen3", tokenizer)
         for index, setup in enumerate(args.only):
             run(
                 setup,

@@ -26,11 +26,12 @@ class RecordingEngine:
 
 def teacher_forced_logprobs(model, token_ids, temperature):
     """log_softmax(logits / T) of each token given all before it, from one forward pass."""
+    device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0].float()
+        logits = model(torch.tensor([token_ids], device=device)).logits[0].float()
     scale = temperature or 1.0
     logprobs = torch.log_softmax(logits[:-1] / scale, dim=-1)
-    return logprobs.gather(1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+    return logprobs.gather(1, torch.tensor(token_ids[1:], device=device)[:, None])[:, 0]
 
 
 def check_exactness(model, engine, trajectory, temperature):

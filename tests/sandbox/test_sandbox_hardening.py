@@ -94,6 +94,7 @@ def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_an
     venv_top = sys.executable.split("/")[1] if os.path.islink(sys.executable) else None
     targets += [top for top in ("/work", "/home") if top != f"/{venv_top}"]
     venv_path = sys.executable.split("/")[1:] if venv_top else []
+    on_the_way = ["/" + "/".join(venv_path[:depth]) for depth in range(1, len(venv_path))]
     code = textwrap.dedent(
         f"""\
         import os
@@ -105,9 +106,8 @@ def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_an
                 print("blocked", path, error.strerror)
         print("root", sorted(os.listdir("/")))
         print("etc", sorted(os.listdir("/etc")))
-        parts = {venv_path!r}
-        for depth in range(1, len(parts)):
-            print("venv", "/" + "/".join(parts[:depth]), sorted(os.listdir("/" + "/".join(parts[:depth]))))
+        for directory in {on_the_way!r}:
+            print("venv", directory, sorted(os.listdir(directory)))
         """
     )
     result, _ = hostile(code)
@@ -116,9 +116,8 @@ def test_host_files_datasets_and_checkouts_are_not_in_the_view(world_readable_an
     assert result.stdout.count("blocked") == len(targets)
     root_line = next(line for line in result.stdout.splitlines() if line.startswith("root "))
     # every directory on the way to the venv's python link holds the next name on that way and nothing else
-    for depth in range(1, len(venv_path)):
-        listing = f"venv {'/' + '/'.join(venv_path[:depth])} {[venv_path[depth]]!r}"
-        assert listing in result.stdout.splitlines(), result.stdout
+    for directory, next_name in zip(on_the_way, venv_path[1:], strict=True):
+        assert f"venv {directory} {[next_name]!r}" in result.stdout.splitlines(), result.stdout
     for host_only in ("work", "home", "tmp", "run", "var", "opt", "mnt"):
         if host_only != venv_top:
             assert f"'{host_only}'" not in root_line

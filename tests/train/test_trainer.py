@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_qwen3
-from train_toy_env import BrokenRewards, FirstToken, KilledAfter, SimulatedKill
+from train_toy_env import BrokenRewards, FirstToken, KilledAfter, SimulatedKill, save_toy_model
 
 from agentboost.rollout.results import read_results
 from agentboost.train.config import config_from_dict
@@ -19,19 +18,8 @@ from agentboost.train.trainer import Trainer
 
 @pytest.fixture(scope="module")
 def toy_model_dir(qwen_tokenizer, tmp_path_factory):
-    """A tiny random Qwen3 saved with the real Qwen3 vocabulary, loaded by path like any model.
-
-    Its (tied) embeddings are scaled up 9x so that, like a trained model and unlike a freshly
-    initialised one, it prefers some tokens: it echoes the prompt's last token, a line break, with
-    probability ~0.14, instead of spreading its mass evenly over 151k tokens.
-    """
-    directory = tmp_path_factory.mktemp("tiny-qwen3")
-    model = tiny_qwen3(seed=0, hidden=64)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(9.0)
-    model.save_pretrained(directory)
-    qwen_tokenizer.save_pretrained(directory)
-    return directory
+    """The toy task's tiny Qwen3 (:func:`train_toy_env.save_toy_model`), saved once for the module."""
+    return save_toy_model(tmp_path_factory.mktemp("tiny-qwen3"), qwen_tokenizer)
 
 
 @pytest.fixture(scope="module")

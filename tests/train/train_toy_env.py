@@ -8,11 +8,32 @@ Trajectory's token ids, never its text.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 from agentboost.agent.limits import RolloutLimits
 from agentboost.envs.base import Environment, Episode, Task
 from agentboost.tokens.trajectory import Trajectory
 
 TOPICS = ["rain", "bread", "chess", "rivers", "owls", "glass", "maps", "tea", "bees", "clocks", "snow", "ink"]
+
+
+def save_toy_model(directory: Path, tokenizer) -> Path:
+    """A tiny random Qwen3 saved with the real Qwen3 vocabulary, loaded by path like any model.
+
+    Its (tied) embeddings are scaled up 9x so that, like a trained model and unlike a freshly
+    initialised one, it prefers some tokens: it echoes the prompt's last token, a line break, with
+    probability ~0.14, instead of spreading its mass evenly over 151k tokens.
+    """
+    from conftest import tiny_qwen3  # here: the CLI subprocesses that load this module need no model
+
+    model = tiny_qwen3(seed=0, hidden=64)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(9.0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 class FirstToken(Environment):
