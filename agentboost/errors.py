@@ -40,10 +40,16 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
 from __future__ import annotations
 
 import errno
+import traceback
 
 
 class AgentBoostError(Exception):
     """Base class of every error agentboost raises on purpose."""
+
+
+def describe_error(error: BaseException) -> str:
+    """An exception as one line, ``module.Type: message``, as rollouts record it."""
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
 
 
 class ConfigError(AgentBoostError, ValueError):

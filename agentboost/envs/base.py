@@ -7,10 +7,11 @@ lifecycle of one rollout (an *episode*: one agent, one task, once), run by :meth
     episode = await env.reset(task, sample=...)     # per-rollout state: a DB copy, a sandbox lease...
     episode.engine, .tokenizer, .limits are set        # what this rollout runs on
     await env.start(episode)                          # e.g. a simulated user's opening words
-    tools, hooks = env.tools(episode), env.hooks(episode)
-    the agent runs; each time it ends a turn without tool calls:
-        await env.next_user_message(episode, messages)  # a multi-turn user (e.g. a simulated customer)
-    reward = env.reward(trajectory, episode)          # or the environment's RewardFunction object
+    trajectory = await env.act(episode)               # the one step kinds of environment differ in;
+        by default a Strands agent with env.tools(episode), env.hooks(episode), and each time it
+        ends a turn without tool calls: await env.next_user_message(episode, messages)
+    reward = await env.score(trajectory, episode)     # env.reward (or its RewardFunction), checked
+    return rollout_result(trajectory, reward)         # the one way a rollout is recorded
     await env.cleanup(episode)                        # always: success, failure or cancellation
 
 A minimal environment::
@@ -36,7 +37,6 @@ import asyncio
 import inspect
 import logging
 import math
-import traceback
 import warnings
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,8 +45,8 @@ from agentboost.agent.episode import StopSignal, UserTurn, run_agent
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError, UnscorableError
-from agentboost.outcomes import REWARD_ERROR, Outcome, Reward, RewardFailure, RolloutResult
+from agentboost.errors import ConfigError, EnvironmentStepError, UnscorableError, describe_error
+from agentboost.outcomes import REWARD_ERROR, Outcome, Reward, RewardFailure, RolloutResult, rollout_result
 from agentboost.tables import Table
 from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.templates import ChatTemplate
@@ -88,8 +88,9 @@ class Episode:
     ``cleanup``. Subclass it, or keep objects in :attr:`state`.
 
     From :meth:`Environment.start` on it also carries what the rollout runs on: :attr:`engine`,
-    :attr:`tokenizer` and :attr:`limits` (set by :meth:`Environment.run_episode` after ``reset``), so an
-    environment can reach the rollout's own engine, e.g. for a simulated user that shares it."""
+    :attr:`tokenizer`, :attr:`limits`, :attr:`sampling` and :attr:`template` (set by
+    :meth:`Environment.run_episode` after ``reset``), so an environment can reach the rollout's own
+    engine, e.g. for a simulated user that shares it, and :meth:`Environment.act` needs nothing else."""
 
     def __init__(self, task: Task, sample: int = 0) -> None:
         self.task = task
@@ -100,10 +101,15 @@ class Episode:
         """The tokenizer of this rollout's agent (None before ``start``)."""
         self.limits: RolloutLimits | None = None
         """The limits this rollout runs under (None before ``start``)."""
+        self.sampling: SamplingParams | None = None
+        """How this rollout samples (None: the engine's defaults)."""
+        self.template: ChatTemplate | str | None = None
+        """The chat template this rollout's agent uses (None: picked from the tokenizer)."""
         self.state: dict[str, Any] = {}
         """The environment's per-rollout objects (a database copy, a sandbox lease, a simulator)."""
         self.info: dict[str, Any] = {}
-        """Merged into ``trajectory.info`` (JSON-serialisable), e.g. a user simulator's own tokens."""
+        """Merged into ``trajectory.info`` (JSON-serialisable), e.g. a user simulator's own tokens; from
+        ``start`` on it holds the rollout's ``environment`` and ``sample`` too."""
         self.messages: Messages = []
         """The Strands SDK's message list once the agent ran (for rewards that read it)."""
         self.tool_metadata: dict[str, dict[str, Any]] = {}
@@ -248,9 +254,9 @@ class Environment:
                 raise ValueError(f"reward() returned {reward.value}; return a finite number")
             return reward
         except UnscorableError as error:
-            return RewardFailure(f"{_describe(error)} {where}", unscorable=True)
+            return RewardFailure(f"{describe_error(error)} {where}", unscorable=True)
         except Exception as error:
-            return RewardFailure(f"{_describe(error)} {where}", unscorable=False)
+            return RewardFailure(f"{describe_error(error)} {where}", unscorable=False)
 
     async def run_episode(
         self,
@@ -263,10 +269,13 @@ class Environment:
         template: ChatTemplate | str | None = None,
         sample: int = 0,
     ) -> RolloutResult:
-        """Run one task once and score it: reset, start, agent, reward, cleanup.
+        """Run one task once and score it: reset, start, act, score, cleanup (the one episode template:
+        override :meth:`act` to run another kind of agent, never this method).
 
         Never raises for a failed rollout, a failed environment step or a failed reward: each is
-        recorded (termination ``env_error``, ``reward_error``). Cancellation propagates after cleanup.
+        recorded (termination ``env_error``, ``reward_error``, unscorable). A :class:`ConfigError` from
+        :meth:`act` propagates (the run's settings are wrong: every rollout would fail alike), and so
+        does cancellation, after cleanup.
         """
         tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
         if tokenizer is None:
@@ -282,61 +291,84 @@ class Environment:
         try:
             episode = await self.reset(task, sample=sample)
         except Exception as error:
-            detail = f"{_describe(error)} (in {type(self).__name__}.reset)"
-            return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
-        limits = limits or self.limits
-        episode.engine, episode.tokenizer, episode.limits = engine, tokenizer, limits
+            return self._env_error(
+                task, sample, f"{describe_error(error)} (in {type(self).__name__}.reset)", info
+            )
+        episode.engine, episode.tokenizer, episode.limits = engine, tokenizer, limits or self.limits
+        episode.sampling = sampling
+        episode.template = template if template is not None else self.template
+        episode.info = {**info, **episode.info}
         try:
-            step = "start"
             try:
                 await self.start(episode)
-                step = "tools/hooks"
-                tools, hooks = self.tools(episode), self.hooks(episode)
             except Exception as error:
-                detail = f"{_describe(error)} (in {type(self).__name__}.{step})"
-                return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
-            trajectory = await run_agent(
-                engine,
-                tokenizer,
-                episode.task.messages,  # reset may have opened the conversation (a simulated user)
-                system_prompt=self.system_prompt,
-                tools=tools,
-                hooks=hooks,
-                template=template if template is not None else self.template,
-                parser=self.parser,
-                sampling=sampling,
-                limits=limits,
-                task_id=task.id,
-                sample=sample,
-                info=info,
-                next_user_message=(
-                    None
-                    if type(self).next_user_message is Environment.next_user_message
-                    else lambda messages: self.next_user_message(episode, messages)
-                ),
-                stop=episode.stop_signal,
-                tool_metadata=episode.tool_metadata,
-                strands_messages=episode.messages,
-            )
+                detail = f"{describe_error(error)} (in {type(self).__name__}.start)"
+                return self._env_error(task, sample, detail, episode.info)
+            try:
+                trajectory = await self.act(episode)
+            except ConfigError:
+                raise
+            except EnvironmentStepError as error:  # the step is named in its message
+                return self._env_error(task, sample, str(error), episode.info)
+            except Exception as error:
+                detail = f"{describe_error(error)} (in {type(self).__name__}.act)"
+                return self._env_error(task, sample, detail, episode.info)
+            if trajectory.task_id != task.id:
+                detail = (
+                    f"{type(self).__name__}.act returned a trajectory of task {trajectory.task_id!r} "
+                    f"for task {task.id!r}"
+                )
+                return self._env_error(task, sample, detail, episode.info)
             trajectory.info.update(episode.info)
             if trajectory.termination.failed:
-                return RolloutResult(
-                    task.id,
-                    sample,
-                    trajectory,
-                    None,
-                    reward_error=f"no reward: the rollout ended "
-                    f"{trajectory.termination.value} ({trajectory.termination_detail})",
-                )
-            reward = await self.score(trajectory, episode)
-            if isinstance(reward, RewardFailure):
-                unscorable = reward.unscorable
-                return RolloutResult(
-                    task.id, sample, trajectory, None, reward_error=reward.detail, unscorable=unscorable
-                )
-            return RolloutResult(task.id, sample, trajectory, reward.value, reward.breakdown, reward.info)
+                return rollout_result(trajectory, sample=sample)
+            return rollout_result(trajectory, await self.score(trajectory, episode), sample=sample)
         finally:
             await _cleanup(self, episode)
+
+    async def act(self, episode: Episode) -> Trajectory:
+        """The one step environments differ in: run the agent on ``episode`` and return its trajectory.
+
+        ``episode`` carries the task, the engine, tokenizer, limits, sampling and template. The default
+        runs a Strands agent with this environment's system prompt, :meth:`tools`, :meth:`hooks` and
+        :meth:`next_user_message` (the gateway environment runs an unmodified agent instead). An
+        exception is recorded as termination ``env_error``; a :class:`ConfigError` propagates.
+        """
+        assert episode.engine is not None and episode.tokenizer is not None  # set by run_episode
+        try:
+            tools, hooks = self.tools(episode), self.hooks(episode)
+        except Exception as error:
+            raise EnvironmentStepError(
+                f"{describe_error(error)} (in {type(self).__name__}.tools/hooks)"
+            ) from error
+        return await run_agent(
+            episode.engine,
+            episode.tokenizer,
+            episode.task.messages,  # reset or start may have opened the conversation (a simulated user)
+            system_prompt=self.system_prompt,
+            tools=tools,
+            hooks=hooks,
+            template=episode.template,
+            parser=self.parser,
+            sampling=episode.sampling,
+            limits=episode.limits,
+            task_id=episode.task.id,
+            sample=episode.sample,
+            next_user_message=(
+                None
+                if type(self).next_user_message is Environment.next_user_message
+                else lambda messages: self.next_user_message(episode, messages)
+            ),
+            stop=episode.stop_signal,
+            tool_metadata=episode.tool_metadata,
+            strands_messages=episode.messages,
+        )
+
+    @staticmethod
+    def _env_error(task: Task, sample: int, detail: str, info: dict[str, Any]) -> RolloutResult:
+        """The result of a rollout whose environment failed before the agent's trajectory was made."""
+        trajectory = Trajectory.empty(task.id, TerminationReason.ENV_ERROR, detail, info=info)
+        return rollout_result(trajectory, sample=sample)
 
 
 _ROLLOUT_RENAMED_WARNED: set[str] = set()
@@ -363,17 +395,8 @@ async def _cleanup(environment: Environment, episode: Episode) -> None:
         raise
     except Exception as error:  # a failing cleanup must not turn a finished rollout into a crash
         logger.warning(
-            "%s.cleanup failed for task %r: %s", type(environment).__name__, episode.task.id, _describe(error)
+            "%s.cleanup failed for task %r: %s",
+            type(environment).__name__,
+            episode.task.id,
+            describe_error(error),
         )
-
-
-def _describe(error: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(error), error)).strip()
-
-
-def _unscored(
-    task: Task, sample: int, reason: TerminationReason, detail: str, info: dict[str, Any]
-) -> RolloutResult:
-    """The result of a rollout that never reached the agent."""
-    trajectory = Trajectory.empty(task.id, reason, detail, info=info)
-    return RolloutResult(task.id, sample, trajectory, None, reward_error=f"no reward: {detail}")

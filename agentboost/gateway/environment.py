@@ -32,16 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Engine, RolloutKey, SamplingParams
-from agentboost.envs.base import Environment, Episode, RolloutResult, _cleanup, _describe, _unscored
+from agentboost.engines.base import RolloutKey
+from agentboost.envs.base import Environment, Episode
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, describe_error
 from agentboost.gateway.server import Gateway
 from agentboost.gateway.session import DriftPolicy, GatewaySession, check_policy
-from agentboost.tokens.templates import ChatTemplate
-from agentboost.tokens.tokenizer import tokenizer_of
-from agentboost.tokens.trajectory import TerminationReason
+from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 _OUTPUT_TAIL = 2000
 
@@ -120,44 +118,31 @@ class GatewayEnvironment(Environment):
 
     # --- one rollout ------------------------------------------------------------------------------
 
-    async def run_episode(
-        self,
-        task: Task,
-        engine: Engine,
-        tokenizer: Any = None,
-        *,
-        sampling: SamplingParams | None = None,
-        limits: RolloutLimits | None = None,
-        template: ChatTemplate | str | None = None,
-        sample: int = 0,
-    ) -> RolloutResult:
-        """Open a session, run the agent against it, score the session's trajectory. Never raises for
-        a failed rollout; cancellation propagates after cleanup."""
-        tokenizer = tokenizer if tokenizer is not None else tokenizer_of(engine)
-        if tokenizer is None:
-            raise ConfigError("no tokenizer: pass one, or use an engine that carries one")
-        limits = limits or self.limits
-        info: dict[str, Any] = {"environment": self.name, "sample": sample}
+    async def start(self, episode: Episode) -> None:
         if self.inner is not None:
-            info["tasks_from"] = self.inner.name
-        try:
-            episode = await self.reset(task, sample=sample)
-        except Exception as error:
-            detail = f"{_describe(error)} (in {type(self).__name__}.reset)"
-            return _unscored(task, sample, TerminationReason.ENV_ERROR, detail, info)
+            await self.inner.start(episode)
+
+    # --- one rollout: the template's act step ---------------------------------------------------
+
+    async def act(self, episode: Episode) -> Trajectory:
+        """Open a session, run the agent against it, return the session's trajectory (the rest of the
+        rollout, reset to cleanup and the reward, is :meth:`Environment.run_episode`'s)."""
+        assert episode.engine is not None and episode.tokenizer is not None and episode.limits is not None
+        if self.inner is not None:
+            episode.info["tasks_from"] = self.inner.name
         gateway = Gateway(
-            engine,
-            tokenizer,
-            template=template if template is not None else self.template,
+            episode.engine,
+            episode.tokenizer,
+            template=episode.template,
             parser=self.parser,
-            sampling=sampling,
-            limits=limits,
+            sampling=episode.sampling,
+            limits=episode.limits,
             policy=self.policy,
             client_sampling=False,  # the trainer's sampling is the policy's: clients cannot change it
         )
         try:
             await gateway.start()
-            session = gateway.open_session(rollout=RolloutKey(task.id, sample))
+            session = gateway.open_session(rollout=RolloutKey(episode.task.id, episode.sample))
             context = AgentContext(
                 task=episode.task,
                 base_url=gateway.base_url(session.id),
@@ -165,21 +150,13 @@ class GatewayEnvironment(Environment):
                 api_key=session.id,
                 system_prompt=self.system_prompt,
             )
-            reason, detail, output = await self._run(session, context, limits.timeout_s)
+            reason, detail, output = await self._run(session, context, episode.limits.timeout_s)
             if output:
-                info["agent_output"] = output
-            trajectory = session.trajectory(task.id, reason, detail, {**info, **episode.info})
+                episode.info["agent_output"] = output
             episode.messages = list(session.messages)
-            if trajectory.termination.failed:
-                no_reward = f"no reward: the rollout ended {reason.value} ({detail})"
-                return RolloutResult(task.id, sample, trajectory, None, reward_error=no_reward)
-            reward = await self.score(trajectory, episode)
-            if isinstance(reward, str):
-                return RolloutResult(task.id, sample, trajectory, None, reward_error=reward)
-            return RolloutResult(task.id, sample, trajectory, reward.value, reward.breakdown, reward.info)
+            return session.trajectory(episode.task.id, reason, detail, episode.info)
         finally:
             await gateway.aclose()
-            await _cleanup(self, episode)
 
     async def _run(
         self, session: GatewaySession, context: AgentContext, timeout_s: float | None
@@ -204,7 +181,7 @@ class GatewayEnvironment(Environment):
             return TerminationReason.TIMEOUT, f"the rollout ran past {timeout_s} s", None
         error = agent.exception()
         if error is not None:
-            return TerminationReason.AGENT_ERROR, f"the agent failed: {_describe(error)}", None
+            return TerminationReason.AGENT_ERROR, f"the agent failed: {describe_error(error)}", None
         if session.turns == 0:
             return (
                 TerminationReason.AGENT_ERROR,

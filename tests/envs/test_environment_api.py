@@ -101,6 +101,80 @@ def test_cleanup_runs_after_a_failed_rollout_and_failures_are_recorded_not_raise
     assert environment.calls == [("reset", "t2")]  # no episode: nothing to clean up
 
 
+class Acting(Environment):
+    """An environment that overrides only ``act``: it writes its answer without any engine."""
+
+    name = "acting"
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+        self.calls: list[str] = []
+
+    async def start(self, episode):
+        self.calls.append("start")
+
+    async def act(self, episode):
+        self.calls.append("act")
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        messages = [*episode.task.messages, {"role": "assistant", "content": str(self.answer)}]
+        return Trajectory.empty(episode.task.id, TerminationReason.COMPLETED, messages=messages)
+
+    async def cleanup(self, episode):
+        self.calls.append("cleanup")
+
+    def reward(self, trajectory, episode):
+        return float(trajectory.final_text == "3")
+
+
+def test_act_is_the_one_step_an_environment_overrides_and_its_failures_are_recorded(qwen_tokenizer):
+    environment = Acting("3")
+    result = rollout(environment, ScriptedEngine([]), qwen_tokenizer, Task("t0", "What is 1 + 2?"))
+    assert (result.reward, result.termination, environment.calls) == (
+        1.0,
+        TerminationReason.COMPLETED,
+        ["start", "act", "cleanup"],
+    )
+    assert result.trajectory.info == {"environment": "acting", "sample": 0}
+
+    environment = Acting(RuntimeError("the agent's harness broke"))
+    result = rollout(environment, ScriptedEngine([]), qwen_tokenizer, Task("t0", "hi"))
+    assert result.termination is TerminationReason.ENV_ERROR and result.failed
+    assert "RuntimeError: the agent's harness broke (in Acting.act)" in result.trajectory.termination_detail
+    assert environment.calls == ["start", "act", "cleanup"]
+
+    environment = Acting(ConfigError("no such template"))  # the run's settings: every rollout would fail
+    with pytest.raises(ConfigError, match="no such template"):
+        rollout(environment, ScriptedEngine([]), qwen_tokenizer, Task("t0", "hi"))
+    assert environment.calls == ["start", "act", "cleanup"]
+
+
+def test_the_one_result_builder_records_each_outcome():
+    from agentboost.outcomes import REWARD_ERROR, Outcome, RewardFailure, rollout_result
+
+    done = Trajectory.empty("t", TerminationReason.COMPLETED)
+    scored = rollout_result(done, Reward(0.5, {"part": 1.0}, {"why": "half"}), sample=2)
+    assert (scored.outcome, scored.reward, scored.sample, scored.reward_info) == (
+        Outcome.SCORED,
+        0.5,
+        2,
+        {"why": "half"},
+    )
+    unscorable = rollout_result(done, RewardFailure("judge down", unscorable=True))
+    assert (unscorable.outcome, unscorable.failure, unscorable.reward_error) == (
+        Outcome.UNSCORABLE,
+        None,
+        "judge down",
+    )
+    assert rollout_result(done, RewardFailure("bug", unscorable=False)).failure == REWARD_ERROR
+    broken = Trajectory.empty("t", TerminationReason.ENGINE_ERROR, "the server is down")
+    failed = rollout_result(broken, Reward(1.0))  # a failed rollout is never scored
+    assert (failed.outcome, failed.failure, failed.reward) == (Outcome.FAILED, "engine_error", None)
+    assert failed.reward_error == "no reward: the rollout ended engine_error (the server is down)"
+    with pytest.raises(TypeError, match="needs a Reward or a RewardFailure"):
+        rollout_result(done, None)
+
+
 class Hanging:
     """An engine whose first generation never returns, until cancelled."""
 

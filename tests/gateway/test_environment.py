@@ -8,16 +8,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import openai
+import pytest
 from conftest import TOOL_SCRIPT, run
 from gateway_support import Calculation, forking_agent, openai_agent
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.envs.base import RolloutResult
+from agentboost.envs.base import Episode, RolloutResult
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
+from agentboost.errors import UnscorableError
 from agentboost.eval.evaluate import evaluate
 from agentboost.gateway.environment import AgentContext, GatewayEnvironment
+from agentboost.outcomes import REWARD_ERROR, Outcome
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
 from agentboost.train.config import AlgorithmConfig, RolloutConfig
@@ -102,6 +105,45 @@ def test_a_never_ending_agent_is_stopped_by_the_rollouts_limits(qwen_tokenizer, 
     environment = GatewayEnvironment(sleeper, tasks_from=Calculation(), limits=RolloutLimits(timeout_s=1))
     result = rollout(environment, ScriptedEngine([say("ok")], cycle=True), qwen_tokenizer, template="qwen3")
     assert result.termination is TerminationReason.TIMEOUT and result.trajectory.metrics["turns"] == 1
+
+
+class Judged(Calculation):
+    """Calculation tasks whose reward fails (``fails`` raises it), and whose ``start`` records what the
+    episode carries by then (the template's promise: engine, tokenizer and limits are set)."""
+
+    name = "judged"
+
+    def __init__(self, fails: Exception | None = None) -> None:
+        self.fails = fails
+        self.started: list[tuple[object, object, object]] = []
+
+    async def start(self, episode: Episode) -> None:
+        self.started.append((episode.engine, episode.tokenizer, episode.limits))
+
+    def reward(self, trajectory, episode):
+        if self.fails is not None:
+            raise self.fails
+        return super().reward(trajectory, episode)
+
+
+@pytest.mark.parametrize(
+    ("fails", "outcome", "failure"),
+    [
+        (RuntimeError("the judge has a bug"), Outcome.FAILED, REWARD_ERROR),
+        (UnscorableError("the judge is down"), Outcome.UNSCORABLE, None),
+    ],
+)
+def test_a_failing_reward_behind_the_gateway_is_recorded_not_a_crash(
+    qwen_tokenizer, say, fails, outcome, failure
+):
+    inner = Judged(fails)
+    environment = GatewayEnvironment(sdk_agent, tasks_from=inner, limits=RolloutLimits(max_turns=5))
+    engine = ScriptedEngine([say(text) for text in TOOL_SCRIPT])
+    result = rollout(environment, engine, qwen_tokenizer, template="qwen3")
+    assert result.termination is TerminationReason.COMPLETED and result.reward is None
+    assert (result.outcome, result.failure) == (outcome, failure)
+    assert str(fails) in result.reward_error and "GatewayEnvironment.reward" in result.reward_error
+    assert inner.started == [(engine, qwen_tokenizer, RolloutLimits(max_turns=5))]
 
 
 def test_forked_rows_survive_evaluation_and_each_trains_with_the_rollouts_advantage(

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.envs.base import Environment, Episode, Reward
+from agentboost.envs.base import Environment, Episode
 from agentboost.envs.mcp.servers import EpisodeConnection, ServerSpec
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError, EnvironmentStepError
+from agentboost.errors import ConfigError, EnvironmentStepError, UnscorableError
+from agentboost.outcomes import Outcome, Reward
 from agentboost.tokens.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -241,13 +242,21 @@ def parse_reward(spec: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def parse_reward_value(text: str, source: str) -> float | Reward:
-    """A reward from text: a number, or JSON ``{"reward": x, "breakdown": {...}, "info": {...}}``."""
+    """A reward from text: a number, or JSON ``{"reward": x, "breakdown": {...}, "info": {...}}``.
+
+    ``{"reward": null, "outcome": "unscorable", "error": ...}`` (what ``agentboost mcp serve`` answers
+    for an unscorable reward) raises :class:`UnscorableError`; any other null reward is a failed one."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise EnvironmentStepError(
             f"the reward from {source} is not a number or JSON: {text[:200]!r}"
         ) from error
+    if isinstance(value, Mapping) and "reward" in value and value["reward"] is None:
+        error = value.get("error") or "no reason given"  # the served side's reward failed
+        if value.get("outcome") == Outcome.UNSCORABLE.value:
+            raise UnscorableError(f"the reward from {source} is unscorable: {error}")
+        raise EnvironmentStepError(f"the reward from {source} failed: {error}")
     if isinstance(value, Mapping) and "reward" in value:
         return Reward(
             float(value["reward"]), dict(value.get("breakdown") or {}), dict(value.get("info") or {})

@@ -27,6 +27,7 @@ from typing import Any
 from agentboost.envs.base import Environment, Episode
 from agentboost.envs.mcp.servers import EPISODE_HEADER, EPISODE_META_KEY
 from agentboost.errors import ConfigError
+from agentboost.outcomes import Outcome, rollout_result
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,11 @@ class EnvironmentServer:
         return "\n".join(texts), result.get("status") == "error"
 
     async def score(self, key: str, final_text: str) -> str:
+        """Score session ``key``'s episode on ``final_text`` and end it: the recorded outcome as JSON.
+
+        ``{"reward": x, "breakdown": {...}, "info": {...}, "outcome": "scored"}``, or for a reward that
+        failed ``{"reward": null, "outcome": "unscorable" | "failed", "failure": ..., "error": ...}``
+        (what :func:`~agentboost.envs.mcp.environment.parse_reward_value` reads back)."""
         session = self.sessions.get(key)
         if session is None:
             return json.dumps({"reward": None, "error": "no episode: call start_task or a tool first"})
@@ -148,12 +154,26 @@ class EnvironmentServer:
             messages=[*task.messages, {"role": "assistant", "content": final_text}],
         )
         try:
-            reward = await self.environment.score(trajectory, session.episode)
+            result = rollout_result(trajectory, await self.environment.score(trajectory, session.episode))
         finally:
             await self.end(key)
-        if isinstance(reward, str):
-            return json.dumps({"reward": None, "error": reward})
-        return json.dumps({"reward": reward.value, "breakdown": reward.breakdown})
+        if result.outcome is Outcome.SCORED:
+            return json.dumps(
+                {
+                    "reward": result.reward,
+                    "breakdown": result.reward_breakdown,
+                    "info": result.reward_info,
+                    "outcome": result.outcome.value,
+                }
+            )
+        return json.dumps(
+            {
+                "reward": None,
+                "outcome": result.outcome.value,
+                "failure": result.failure,
+                "error": result.reward_error,
+            }
+        )
 
 
 def build_server(state: EnvironmentServer) -> Any:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mcp_support import free_port, wait_until_up
@@ -14,6 +16,7 @@ from strands.tools.mcp import MCPClient
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import generate_tasks
 from agentboost.envs.registry import make_environment
+from agentboost.outcomes import REWARD_ERROR, Outcome
 from agentboost.tokens.trajectory import TerminationReason
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -92,3 +95,36 @@ def test_http_sessions_are_separate_episodes_and_an_unnamed_session_is_refused()
         process.wait(timeout=10)
     assert rewards == [1.0, 1.0]
     assert refused["status"] == "error" and "one episode per session" in text(refused)
+
+
+@pytest.mark.parametrize(
+    ("served", "outcome", "failure", "says"),
+    [
+        ("JudgeHasABug", Outcome.FAILED, REWARD_ERROR, "RuntimeError: the judge has a bug"),
+        ("JudgeIsDown", Outcome.UNSCORABLE, None, "UnscorableError: the judge is down"),
+    ],
+)
+def test_a_failing_reward_behind_mcp_serve_is_recorded_as_such_on_both_sides(
+    tmp_path, say, qwen_tokenizer, served, outcome, failure, says
+):
+    """The served environment's reward raises: ``end_task`` says so, and the client records the same."""
+    tests = Path(__file__).parents[2]
+    python_path = os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])
+    task = generate_tasks(1)[0]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(task.to_dict()) + "\n")
+    command = [*SERVE[:-1], f"broken_envs:{served}"]
+    env = make_environment(
+        "mcp",
+        {
+            "servers": [{"name": "served", "command": command, "env": {"PYTHONPATH": python_path}}],
+            "tasks": str(path),
+            "reset_tool": "start_task",
+            "reward": {"tool": "end_task"},
+            "template": "qwen3",
+        },
+    )
+    result = asyncio.run(env.run_episode(task, ScriptedEngine([say("Answer: 3")]), qwen_tokenizer))
+    assert result.termination is TerminationReason.COMPLETED and result.reward is None
+    assert (result.outcome, result.failure) == (outcome, failure)
+    assert says in result.reward_error and "end_task" in result.reward_error
