@@ -5,6 +5,11 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
 
     AgentBoostError
     ├── ConfigError (ValueError)          a setting, argument or data row is invalid
+    │   ├── UserPathError                 a file or directory the user named cannot be used
+    │   ├── LegacyResultsError            a results file written before results files had a header
+    │   ├── LogprobsModeError             a server's logprobs are not those of the sampling distribution
+    │   ├── SplitOverlapError             the train and test sets share problems
+    │   └── DamagedCheckpointError        a checkpoint file cannot be read back
     ├── CalculatorError (ValueError)      the calculator refuses an expression (the model reads why)
     ├── ModelNotFoundError (FileNotFoundError)
     ├── TokenizerError                    a tokenizer could not be built or loaded
@@ -18,6 +23,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │   ├── ContextLengthError            no room for one more token: the rollout ends `context_full`
     │   ├── PromptTooLongError            the first prompt is longer than veRL's prompt_length
     │   ├── InvalidGenerationError (ValueError)  an engine returned ids and logprobs that do not pair up
+    │   ├── SimulatorEngineError          the tau2 user simulator's engine failed
     │   ├── EngineOverloadedError         the engine refused work for now
     │   │   └── EngineRateLimitedError    HTTP 429 until the retry budget ran out (also a RemoteEngineError)
     │   └── RemoteEngineError             an SGLang / vLLM / `agentboost serve` request failed
@@ -27,14 +33,22 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       ├── EngineServerError         HTTP 5xx or aborted requests
     │       ├── EngineResponseError       a malformed or truncated answer
     │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
+    │       ├── WeightSyncError           a server refused or failed a weight update
     │       └── EngineRateLimitedError
+    ├── VLLMServerError                   a vLLM server could not be started
+    ├── BuildError (RuntimeError)         a native kernel could not be compiled or loaded
+    ├── StaleRolloutError                 a rollout was generated with weights older than those trained
     ├── EnvironmentStepError              an environment step failed: the rollout ends `env_error`
     ├── UnscorableError                   no reward for a reason outside the policy's control (a judge
-    │                                     down): the rollout is `unscorable`, run again on resume
+    │   │                                 down): the rollout is `unscorable`, run again on resume
+    │   └── SimulatorFailed               the tau2 simulated customer could not continue
     ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
+    ├── WorkerSetupError                  a worker could not build its environment, tokenizer or engine
     ├── TooManyFailuresError              too many of a training step's rollouts failed: the run stops
-    └── SandboxError                      the sandbox could not start or keep a worker running
+    ├── SandboxError                      the sandbox could not start or keep a worker running
+    ├── GatewayError                      a request the gateway answers with an error (HTTP status, kind)
+    └── AgentCommandError                 a gateway agent command could not start or exited non-zero
 """
 
 from __future__ import annotations
@@ -258,3 +272,76 @@ class TooManyFailuresError(AgentBoostError):
 
 class SandboxError(AgentBoostError):
     """The sandbox itself could not start or keep a worker running (not a failure of the program)."""
+
+
+class WorkerSetupError(AgentBoostError):
+    """A worker could not build its environment, tokenizer or engine, or workers kept dying at start.
+
+    Its message is the one the same mistake gives without workers, so the run ends the same way.
+    """
+
+
+class LegacyResultsError(ConfigError):
+    """The file holds results written before results files had a header."""
+
+
+class SplitOverlapError(ConfigError):
+    """The train and test sets share problems; the message says how many and gives examples."""
+
+
+class DamagedCheckpointError(ConfigError):
+    """A checkpoint file cannot be read back (truncated, garbled, not what agentboost wrote)."""
+
+
+# --- engines: servers, weights, kernels ---------------------------------------------------------
+
+
+class LogprobsModeError(ConfigError):
+    """A server's log-probabilities are not those of the distribution agentboost samples from."""
+
+
+class VLLMServerError(AgentBoostError):
+    """The vLLM server could not be started (missing interpreter, crash at start-up, not ready in time)."""
+
+
+class WeightSyncError(RemoteEngineError):
+    """A server refused or failed a weight update."""
+
+
+class StaleRolloutError(AgentBoostError):
+    """A rollout was generated with weights older than the ones being trained."""
+
+
+class BuildError(AgentBoostError, RuntimeError):
+    """A native kernel could not be compiled or loaded (callers fall back to the portable path)."""
+
+
+# --- environments: the tau2 simulator ----------------------------------------------------------
+
+
+class SimulatorFailed(UnscorableError):
+    """The simulated customer could not continue; the rollout carries no signal about the agent
+    (raised by the reward, the rollout is ``unscorable``; raised by reset, it ends ``env_error``)."""
+
+
+class SimulatorEngineError(EngineError):
+    """The simulator's engine failed: the rollout ends ``engine_error``, which the runner retries."""
+
+
+# --- the gateway -------------------------------------------------------------------------------
+
+
+class GatewayError(AgentBoostError):
+    """A request the gateway answers with an error: HTTP status, error kind and one actionable sentence."""
+
+    def __init__(self, status: int, kind: str, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        """``invalid_request``, ``not_found``, ``authentication``, ``session_ended`` or ``engine``."""
+        self.message = message
+        self.code = code
+
+
+class AgentCommandError(AgentBoostError):
+    """A gateway environment's agent command could not be started, or exited with a non-zero status."""

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from agentboost.errors import BuildError
+
 logger = logging.getLogger(__name__)
 
 SOURCES = (
@@ -63,10 +65,6 @@ calls = 0
 """Decode-step layers attended by the kernel in this process (a counter for tests and benchmarks)."""
 prefill_calls = 0
 """Prefill layers attended by the kernel in this process."""
-
-
-class BuildError(RuntimeError):
-    """The kernel could not be compiled or loaded."""
 
 
 def _cpu_signature() -> str:

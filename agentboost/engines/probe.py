@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from agentboost.engines.base import SamplingParams
-from agentboost.errors import ConfigError
+from agentboost.errors import LogprobsModeError
 
 PROBE_PROMPT = (504, 3260, 314, 1790, 30, 216, 1112, 28)
 """A fixed prompt of ids small enough for any vocabulary (for SmolLM2: a short English question)."""
@@ -41,10 +41,6 @@ _SUM_SLACK = 1e-3
 
 TopLogprobs = Callable[[float, int], Awaitable[Mapping[int, float]]]
 """``(temperature, top_k) -> {token id: log-probability}`` of the first generated token (top_k 0: off)."""
-
-
-class LogprobsModeError(ConfigError):
-    """A server's log-probabilities are not those of the distribution agentboost samples from."""
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.errors import ConfigError, VLLMServerError
 
 PYTHON_ENV = "AGENTBOOST_VLLM_PYTHON"
 """Environment variable naming the Python interpreter that has ``vllm`` installed (its own venv)."""
@@ -55,10 +55,6 @@ WORKER_EXTENSION = "agentboost_vllm_worker.WeightReload"
 """``--worker-extension-cls`` of a weight-sync server (see :mod:`agentboost_vllm_worker`)."""
 WORKER_EXTENSION_DIR = Path(__file__).parent / "vllm_worker"
 """The folder holding ``agentboost_vllm_worker.py``, put on a weight-sync server's ``PYTHONPATH``."""
-
-
-class VLLMServerError(AgentBoostError):
-    """The vLLM server could not be started (missing interpreter, crash at start-up, not ready in time)."""
 
 
 @dataclass(frozen=True)

@@ -28,18 +28,10 @@ from typing import Any
 
 from agentboost.engines.transport import error_message, normalize_urls
 from agentboost.engines.vllm_server import WORKER_EXTENSION_DIR
-from agentboost.errors import AgentBoostError, RemoteEngineError
+from agentboost.errors import StaleRolloutError, WeightSyncError
 
 RELOAD_METHOD = "agentboost_reload_weights"
 """The worker method a push calls (``agentboost/engines/vllm_worker/agentboost_vllm_worker.py``)."""
-
-
-class WeightSyncError(RemoteEngineError):
-    """A server refused or failed a weight update."""
-
-
-class StaleRolloutError(AgentBoostError):
-    """A rollout was generated with weights older than the ones being trained."""
 
 
 def hf_state_dict(model: Any) -> dict[str, Any]:

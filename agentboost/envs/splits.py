@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agentboost.errors import ConfigError
-
-
-class SplitOverlapError(ConfigError):
-    """The train and test sets share problems; the message says how many and gives examples."""
+from agentboost.errors import SplitOverlapError
 
 
 def normalized_text(text: str) -> str:

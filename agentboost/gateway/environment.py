@@ -36,7 +36,7 @@ from agentboost.engines.base import RolloutKey
 from agentboost.envs.base import Environment, Episode
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
-from agentboost.errors import ConfigError, describe_error
+from agentboost.errors import AgentCommandError, ConfigError, describe_error
 from agentboost.gateway.server import Gateway
 from agentboost.gateway.session import DriftPolicy, GatewaySession, check_policy
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -59,10 +59,6 @@ class AgentContext:
 
 
 AgentFunction = Callable[[AgentContext], Awaitable[Any]]
-
-
-class AgentCommandError(Exception):
-    """The agent command exited with a non-zero status."""
 
 
 class GatewayEnvironment(Environment):

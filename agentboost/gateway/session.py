@@ -28,7 +28,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.termination import room
 from agentboost.agent.turn import GeneratedTurn, generate_turn, turn_seed
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
-from agentboost.errors import ConfigError, ContextLengthError, EngineError, TemplateError
+from agentboost.errors import ConfigError, ContextLengthError, EngineError, GatewayError, TemplateError
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message
@@ -47,18 +47,6 @@ class DriftPolicy(str, Enum):
     """Drop the current row (not trained on) and start a new row from the request."""
     REFUSE = "refuse"
     """Answer the request with an error (HTTP 400, code ``history_diverged``); the row is unchanged."""
-
-
-class GatewayError(Exception):
-    """A request the gateway answers with an error: HTTP status, error kind and one actionable sentence."""
-
-    def __init__(self, status: int, kind: str, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        """``invalid_request``, ``not_found``, ``authentication``, ``session_ended`` or ``engine``."""
-        self.message = message
-        self.code = code
 
 
 def _arguments_key(arguments: Any) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.envs.base import RolloutResult
-from agentboost.errors import ConfigError, UserPathError
+from agentboost.errors import ConfigError, LegacyResultsError, UserPathError
 from agentboost.rollout.spec import NOT_COMPARED
 
 Key = tuple[str, int]
@@ -88,10 +88,6 @@ class Plan:
                 if not wanted:
                     break
         return found
-
-
-class LegacyResultsError(ConfigError):
-    """The file holds results written before results files had a header."""
 
 
 def _version() -> str:

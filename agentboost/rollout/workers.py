@@ -20,18 +20,11 @@ import re
 import sys
 
 from agentboost.envs.base import RolloutResult
-from agentboost.errors import AgentBoostError, ConfigError
+from agentboost.errors import AgentBoostError, ConfigError, WorkerSetupError
 from agentboost.rollout.runner import Job, WorkerCrashed
 from agentboost.rollout.spec import RunSpec
 
 _LINE_LIMIT = 1 << 30  # a 1,000-turn trajectory is a long line
-
-
-class WorkerSetupError(AgentBoostError):
-    """A worker could not build its environment, tokenizer or engine, or workers kept dying at start.
-
-    Its message is the one the same mistake gives without workers, so the run ends the same way.
-    """
 
 
 _KEY = re.compile(rb'^\{"id":\s*(\d+)')

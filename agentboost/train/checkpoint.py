@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentboost.errors import ConfigError
+from agentboost.errors import ConfigError, DamagedCheckpointError
 
 CHECKPOINT_PREFIX = "step_"
 
@@ -134,10 +134,6 @@ class Checkpoints:
             f"no intact checkpoint in {self.directory} ({'; '.join(damaged)}); move the damaged ones "
             "away to resume from an older one, or choose a new output_dir to start fresh"
         )
-
-
-class DamagedCheckpointError(ConfigError):
-    """A checkpoint file cannot be read back (truncated, garbled, not what agentboost wrote)."""
 
 
 def _read(path: Path, read: Any) -> Any:

@@ -46,7 +46,7 @@ from agentboost.envs.tau2.package import (
 from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
-from agentboost.errors import ConfigError, EngineError, UnscorableError
+from agentboost.errors import ConfigError, SimulatorEngineError, SimulatorFailed
 from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
@@ -63,15 +63,6 @@ TICKET_INSTRUCTION = (
     "what the ticket says, within the policy, and finish with a reply that tells the customer what "
     "you did and anything they asked to know."
 )
-
-
-class SimulatorFailed(UnscorableError):
-    """The simulated customer could not continue; the rollout carries no signal about the agent
-    (raised by the reward, the rollout is ``unscorable``; raised by reset, it ends ``env_error``)."""
-
-
-class SimulatorEngineError(EngineError):
-    """The simulator's engine failed: the rollout ends ``engine_error``, which the runner retries."""
 
 
 def ticket_text(task: Any) -> str:
