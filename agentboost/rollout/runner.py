@@ -279,16 +279,7 @@ def in_process(
 
 def crashed_result(job: Job, detail: str) -> RolloutResult:
     """What is recorded for a rollout whose worker died on every attempt."""
-    trajectory = Trajectory(
-        task_id=job.task_id,
-        messages=[],
-        token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        segments=[],
-        termination=TerminationReason.WORKER_CRASHED,
-        termination_detail=detail,
-    )
+    trajectory = Trajectory.empty(job.task_id, TerminationReason.WORKER_CRASHED, detail)
     return RolloutResult(
         job.task_id, job.sample, trajectory, None, reward_error="no reward: the worker crashed"
     )

@@ -21,7 +21,7 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     forked_rows    only when not empty: earlier training rows of the same rollout (a gateway session
                    whose agent rewrote its history, see docs/gateway.md), each a trajectory object
 
-The reward is not part of a trajectory: :class:`~agentboost.envs.base.RolloutResult` owns it.
+The reward is not part of a trajectory: :class:`~agentboost.outcomes.RolloutResult` owns it.
 
 Floats round-trip exactly (Python writes the shortest repr), so save -> load is lossless.
 """
@@ -169,6 +169,30 @@ class Trajectory:
                 f"{len(self.logprobs)} logprobs; all three must have the same length"
             )
         self.termination = TerminationReason(self.termination)
+
+    @classmethod
+    def empty(
+        cls,
+        task_id: str,
+        termination: TerminationReason,
+        detail: str | None = None,
+        *,
+        messages: Iterable[ChatMessage] = (),
+        info: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        """A trajectory without tokens: a rollout that never reached the engine (a failed reset, a
+        crashed worker) or one scored from its messages alone (``agentboost mcp serve``)."""
+        return cls(
+            task_id=task_id,
+            messages=list(messages),
+            token_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            segments=[],
+            termination=termination,
+            termination_detail=detail,
+            info=dict(info or {}),
+        )
 
     @property
     def prompt_length(self) -> int:

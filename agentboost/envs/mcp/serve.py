@@ -142,14 +142,10 @@ class EnvironmentServer:
         if session is None:
             return json.dumps({"reward": None, "error": "no episode: call start_task or a tool first"})
         task = session.episode.task
-        trajectory = Trajectory(
-            task_id=task.id,
+        trajectory = Trajectory.empty(
+            task.id,
+            TerminationReason.COMPLETED,
             messages=[*task.messages, {"role": "assistant", "content": final_text}],
-            token_ids=[],
-            loss_mask=[],
-            logprobs=[],
-            segments=[],
-            termination=TerminationReason.COMPLETED,
         )
         try:
             reward = await self.environment.score(trajectory, session.episode)
