@@ -55,6 +55,9 @@ def step_results(
     fewer than two scored members carries no signal (counted in ``groups/zero_signal_fraction`` like a
     group of equal rewards). An unscored member is never given reward 0: that would teach the policy
     from an infrastructure failure. ``groups/with_unscored`` counts the groups that lost members.
+    A failure the policy caused (:class:`~agentboost.outcomes.FailureRule`: an agent that crashed after
+    a model turn) is not unscored: it carries the environment's failure reward and trains like any
+    scored member, so crashing the agent is never an exit from the reward.
 
     Raises TooManyFailuresError when more than ``max_failed_fraction`` of the rollouts failed.
     """

@@ -4,8 +4,9 @@ Two inputs, one token contract (the loss mask says which tokens the model produc
 
 - **Results JSONL** (what ``agentboost rollout`` and the trainer write): each row's Trajectory already
   holds ``token_ids`` and ``loss_mask``; they are used as they are. Rows are kept by reward
-  (``data.min_reward``) and failed rollouts are left out: rejection-sampling fine-tuning is
-  "roll out, keep the successes, train on them".
+  (``data.min_reward``) and failed rollouts are left out (policy failures too, though scored: a
+  rollout that crashed its agent is never imitated): rejection-sampling fine-tuning is "roll out,
+  keep the successes, train on them".
 - **Chat JSONL** (``{"messages": [...], "tools": [...]}``, OpenAI message form, e.g. a bigger
   model's conversations): rendered with agentboost's chat template through
   :class:`~agentboost.tokens.builder.TokenBuffer`, exactly as a rollout would be built. Each
@@ -289,7 +290,7 @@ def load_examples(data: SFTDataConfig, tokenizer: Any) -> tuple[list[Example], D
                     result = RolloutResult.from_dict(row)
                 except (KeyError, TypeError, ValueError) as error:
                     raise ConfigError(f"{source} is not a rollout result row: {error}") from error
-                if result.failed:
+                if result.failed or result.policy_failure:  # never imitate a rollout that crashed its agent
                     report.failed += 1
                     continue
                 if data.min_reward is not None and float(result.reward or 0.0) < data.min_reward:

@@ -20,6 +20,7 @@ from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.eval.evaluate import evaluate
 from agentboost.gateway.environment import AgentContext, GatewayEnvironment
+from agentboost.outcomes import FailureRule, Outcome
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
 from agentboost.train.config import AlgorithmConfig, RolloutConfig
@@ -75,7 +76,34 @@ def test_a_failing_command_is_an_agent_error_with_its_output(qwen_tokenizer, say
     )
     result = rollout(environment, ScriptedEngine([say("hi")]), qwen_tokenizer, template="qwen3")
     assert result.termination is TerminationReason.AGENT_ERROR and result.reward is None
+    assert result.outcome is Outcome.FAILED  # it never reached the model: not the policy's failure
     assert "no model for me" in result.trajectory.termination_detail
+
+
+def test_an_agent_that_crashes_after_a_model_turn_is_scored_with_the_failure_reward(qwen_tokenizer, say):
+    """The escape the audit found: an agent crash the model can provoke must not take its rollout out of
+    its group. It scores the wrapped environment's failure reward and keeps its real loss mask."""
+
+    async def crashes_on_the_answer(context: AgentContext):
+        async with openai.AsyncOpenAI(
+            base_url=context.base_url, api_key=context.api_key, max_retries=0
+        ) as client:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        raise RecursionError("maximum recursion depth exceeded")  # e.g. its calculator on a deep expression
+
+    environment = GatewayEnvironment(crashes_on_the_answer, tasks_from=Calculation())
+    result = rollout(environment, ScriptedEngine([say("Answer: 84")]), qwen_tokenizer, template="qwen3")
+    assert result.termination is TerminationReason.AGENT_ERROR
+    assert "RecursionError" in result.trajectory.termination_detail
+    assert result.outcome is Outcome.SCORED and result.reward == 0.0 and result.failure is None
+    assert result.reward_info == {"policy_failure": "agent_error"}
+    assert result.trajectory.generated_tokens == len(say("Answer: 84"))  # trained on, with its real mask
+
+    class Punishing(Calculation):
+        failure_rule = FailureRule(reward=-1.0)
+
+    environment = GatewayEnvironment(crashes_on_the_answer, tasks_from=Punishing())
+    assert rollout(environment, ScriptedEngine([say("ok")]), qwen_tokenizer, template="qwen3").reward == -1.0
 
 
 def test_a_never_ending_agent_is_stopped_by_the_rollouts_limits(qwen_tokenizer, say):
