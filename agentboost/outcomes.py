@@ -315,6 +315,8 @@ class RewardSummary:
     successes: int = 0
     """Scored rollouts whose reward reached the threshold."""
     threshold: float = 1.0
+    policy_failures: int = 0
+    """Scored rollouts that failed in a way the policy caused (their reward is the failure rule's)."""
 
     @property
     def coverage(self) -> float | None:
@@ -338,7 +340,8 @@ class RewardSummary:
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for training logs: ``reward_mean`` (NaN when nothing was scored), ``reward_std``,
-        ``scored``, ``unscorable``, ``failed``, ``coverage`` and ``failed/<reason>`` per reason."""
+        ``scored``, ``unscorable``, ``failed``, ``coverage``, ``failed/<reason>`` per reason and
+        ``policy_failures`` (scored, at the failure reward)."""
         values = {
             "reward_mean": math.nan if self.mean is None else self.mean,
             "reward_std": math.nan if self.std is None else self.std,
@@ -346,6 +349,7 @@ class RewardSummary:
             "unscorable": float(self.unscorable),
             "failed": float(self.failed),
             "coverage": math.nan if self.coverage is None else self.coverage,
+            "policy_failures": float(self.policy_failures),
         }
         values.update({f"failed/{reason}": float(count) for reason, count in sorted(self.failures.items())})
         return values
@@ -354,7 +358,7 @@ class RewardSummary:
 def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) -> RewardSummary:
     """Summarise ``results`` by outcome; the mean and success rate are over the scored ones."""
     rewards: list[float] = []
-    unscorable = 0
+    unscorable = policy_failures = 0
     failures: Counter[str] = Counter()
     total = 0
     for result in results:
@@ -362,6 +366,7 @@ def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) 
         outcome = result.outcome
         if outcome is Outcome.SCORED:
             rewards.append(float(result.reward))  # type: ignore[arg-type]
+            policy_failures += result.policy_failure
         elif outcome is Outcome.UNSCORABLE:
             unscorable += 1
         else:
@@ -382,4 +387,5 @@ def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) 
         std=std,
         successes=sum(r >= threshold for r in rewards),
         threshold=threshold,
+        policy_failures=policy_failures,
     )

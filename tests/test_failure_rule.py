@@ -16,6 +16,7 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.errors import ConfigError
+from agentboost.eval.evaluate import build_report, summary_text
 from agentboost.outcomes import FailureRule, Outcome, RolloutResult, reward_summary
 from agentboost.rollout.results import ResultStore
 from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, plan_keys, run_jobs
@@ -119,9 +120,15 @@ def test_the_trainer_and_reports_count_a_policy_failure_as_scored_and_mask_an_in
     usable, metrics = step_results([won, crashed, stalled], max_failed_fraction=0.5)
     assert usable == [won, crashed]  # the crash stays in its group with reward 0; the stall is left out
     assert metrics["reward/mean"] == 0.5 and metrics["rollout/failed/engine_timeout"] == 1.0
+    assert metrics["rollout/policy_failures"] == 1.0
     summary = reward_summary([won, crashed, stalled])
-    assert (summary.scored, summary.failed, summary.mean) == (2, 1, 0.5)
+    assert (summary.scored, summary.policy_failures, summary.failed, summary.mean) == (2, 1, 1, 0.5)
     assert summary.failures == {"engine_timeout": 1}
+    report = build_report([won, crashed, stalled], samples=3)  # what `agentboost eval` prints and writes
+    assert (report["scored"], report["policy_failures"], report["coverage"]) == (2, 1, 2 / 3)
+    assert "2 scored (1 policy failures at the failure reward), 0 unscorable, 1 failed" in summary_text(
+        report
+    )
 
 
 def test_resume_keeps_a_policy_failure_and_runs_an_engine_timeout_again(

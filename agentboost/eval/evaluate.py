@@ -22,7 +22,7 @@ from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.eval.passk import pass_table, task_counts
-from agentboost.eval.stats import gateway_drift, tool_usage_stats
+from agentboost.eval.stats import gateway_drift, policy_failures_note, tool_usage_stats
 from agentboost.rollout.outcomes import MEAN_REWARD_DEFINITION
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.run import PreparedRun
@@ -77,6 +77,7 @@ def build_report(
         "scored": summary["scored"],
         "unscored": summary["unscored"],
         "unscorable": summary["unscorable"],
+        "policy_failures": summary["policy_failures"],
         "failed": summary["failed"],
         "failures": summary["failures"],
         "coverage": summary["coverage"],
@@ -225,7 +226,8 @@ def summary_text(report: Mapping[str, Any]) -> str:
     mark = "*" if incomplete else ""
     failures = ", ".join(f"{reason} {count}" for reason, count in (report.get("failures") or {}).items())
     outcomes = (
-        f"{scored} scored, {report.get('unscorable', 0)} unscorable, "
+        f"{scored} scored" + policy_failures_note(report.get("policy_failures")) + ", "
+        f"{report.get('unscorable', 0)} unscorable, "
         f"{report.get('failed', rollouts - scored)} failed" + (f" ({failures})" if failures else "")
     )
 
