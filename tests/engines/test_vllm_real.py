@@ -26,7 +26,7 @@ import pytest
 from remote_support import run
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, OneBackend, SamplingParams
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.engines.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
 from agentboost.envs.base import Environment, Task
@@ -81,8 +81,9 @@ def teacher(model_dir):
     return model, load_tokenizer(model_dir)
 
 
-class Recording:
-    """The engine the rollouts use, keeping every answer the server gave, by prompt."""
+class Recording(OneBackend):
+    """The engine the rollouts use, keeping every answer the server gave, by prompt (one server: the
+    rollouts bind to the recorder itself)."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
