@@ -179,6 +179,7 @@ class LocalEngine:
         self._weights_epoch = 0  # bumped by weights_updated() and by detected parameter changes
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
+        self.weight_version = 0  # counted by sync_weights(), the trainer's hook
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
         self._cache_argument = _cache_argument(model)
         # one-token steps attend with grouped query heads instead of a per-head copy of the cache, in the
@@ -280,6 +281,14 @@ class LocalEngine:
         """
         with self._wake:
             self._weights_epoch += 1
+
+    def sync_weights(self) -> int:
+        """The trainer's sync (:class:`~agentboost.engines.base.TrainableEngine`): this engine holds the
+        very model object being trained, so it serves its current weights already; the sync drops the
+        prefixes cached with the old ones (:meth:`weights_updated`) and returns the new version."""
+        self.weights_updated()
+        self.weight_version += 1
+        return self.weight_version
 
     def release_memory(self) -> None:
         """Drop what the engine rebuilds on demand, for code that shares the model with other work (an

@@ -302,8 +302,10 @@ async def run_jobs(
     config: RunConfig,
     *,
     total: int | None = None,
+    on_result: Callable[[RolloutResult], None] | None = None,
 ) -> RunSummary:
-    """Run the jobs not yet in ``store``; write each result as soon as it is final.
+    """Run the jobs not yet in ``store``; write each result as soon as it is final (then ``on_result``
+    hears it, e.g. to move a progress bar).
 
     ``jobs`` may be a lazy iterator: at most ``config.concurrency`` jobs are held at once, and no
     task is created per job up front. ``total`` (the number of jobs, for the progress bar) is taken
@@ -342,6 +344,8 @@ async def run_jobs(
             await writer(result)
         else:
             store.write(result)
+        if on_result is not None:
+            on_result(result)
         summary.completed += 1
         summary.terminations[result.termination.value] += 1
         summary.generated_tokens += result.trajectory.generated_tokens

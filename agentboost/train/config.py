@@ -118,7 +118,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_turns: int | None = None
-    """None keeps the environment's limit (likewise for the next three)."""
+    """None keeps the environment's limit (likewise for the next four)."""
+    max_tool_calls: int | None = None
+    """Tool calls executed over a rollout."""
     max_new_tokens: int | None = None
     """Generated tokens per model turn."""
     max_total_tokens: int | None = None
@@ -157,6 +159,7 @@ class RolloutConfig:
                     (value is None or value >= 1, f"rollout.{name} must be >= 1 {environments}")
                     for name, value in (
                         ("max_turns", self.max_turns),
+                        ("max_tool_calls", self.max_tool_calls),
                         ("max_new_tokens", self.max_new_tokens),
                         ("max_total_tokens", self.max_total_tokens),
                     )

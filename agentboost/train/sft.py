@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import torch
 
-from agentboost.engines.base import SamplingParams
 from agentboost.errors import ConfigError, TemplateError
 from agentboost.memory import trim_heap
 from agentboost.train import config as config_module
@@ -424,7 +423,7 @@ class SFTTrainer(TrainingLoop):
         """Held-out mean reward of ``eval.environment`` on ``split="test"`` (greedy by default)."""
         from agentboost.engines.local import LocalEngine
         from agentboost.envs.registry import make_environment
-        from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits
+        from agentboost.train.collect import collect_rollouts, result_metrics, training_spec
 
         evaluation = self.config.eval
         if self._environment is None:
@@ -442,22 +441,24 @@ class SFTTrainer(TrainingLoop):
         tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()
         self.model.eval()
+        spec = training_spec(
+            str(evaluation.environment),
+            environment_kwargs=evaluation.kwargs,
+            model=self.config.model,
+            rollout=RolloutConfig(max_turns=evaluation.max_turns, concurrency=evaluation.concurrency),
+            split="test",
+            tasks=len(tasks),
+            samples=evaluation.samples,
+            seed=self.config.seed + 7_777_777,
+            eval_config=evaluation,
+        )
         results = collect_rollouts(
             self._environment,
             self._engine,
             self.tokenizer,
-            self.run_dir / "evals" / f"step_{step:06d}.jsonl",
+            spec,
             tasks,
-            samples=evaluation.samples,
-            sampling=SamplingParams(temperature=evaluation.temperature),
-            limits=rollout_limits(
-                RolloutConfig(max_turns=evaluation.max_turns),
-                self._environment.limits,
-                eval_config=evaluation,
-            ),
-            seed=self.config.seed + 7_777_777,
-            concurrency=evaluation.concurrency,
-            retries=2,
+            self.run_dir / "evals" / f"step_{step:06d}.jsonl",
             on_result=lambda _: None,
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
