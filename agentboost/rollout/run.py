@@ -41,13 +41,20 @@ class PreparedRun:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """The results header's ``run`` (and the eval report's): see :meth:`RunSpec.identity`."""
-        return self.spec.identity(
+        """The results header's ``run`` (and the eval report's): see :meth:`RunSpec.identity`; with the
+        embedded engine, the ``precision`` its model is served in (weights, compute, device)."""
+        record = self.spec.identity(
             environment_name=self.environment.name,
             limits=self.limits,
             tasks=self.tasks.count if self.tasks.count is not None else self.spec.tasks,
             servers=self.servers,
         )
+        if self.spec.engine == "local":
+            from agentboost.models import precision
+
+            served = precision.resolve_precision(device=precision.default_device(), trains=False)
+            record["precision"] = served.as_dict()
+        return record
 
     def config(self, *, progress: bool = True) -> Any:
         from agentboost.rollout.runner import RunConfig

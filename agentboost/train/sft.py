@@ -59,6 +59,7 @@ from agentboost.train.policy import (
     make_optimizer,
     pad_token_id,
     resolve_device,
+    resolve_precision,
     seed_everything,
 )
 
@@ -337,8 +338,9 @@ class SFTTrainer(TrainingLoop):
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.model)
         seed_everything(config.seed)
-        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device)
-        self.policy = PolicyModel(self.model)
+        self.precision = resolve_precision(config.model, config.lora, self.device)
+        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device, self.precision)
+        self.policy = PolicyModel(self.model, self.precision)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
         self.gradients = FlatGradients(self.parameters)  # one buffer, outside the heap (buffers.py)
@@ -437,6 +439,7 @@ class SFTTrainer(TrainingLoop):
                 max_batch_size=max(1, evaluation.concurrency),
                 packed_weights=False,
                 onednn_linears=False,
+                precision=self.precision,
             )
         tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()

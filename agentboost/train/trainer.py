@@ -60,6 +60,7 @@ from agentboost.train.policy import (
     make_optimizer,
     pad_token_id,
     resolve_device,
+    resolve_precision,
     seed_everything,
 )
 
@@ -81,6 +82,7 @@ class _Sums:
 
     def __init__(self) -> None:
         self.values: dict[str, float] = defaultdict(float)
+        self.log_ratios: list[torch.Tensor] = []  # [n] per micro-batch: log pi_trainer - log pi_rollout
 
     def add(self, name: str, value: float | torch.Tensor) -> None:
         self.values[name] += float(value)
@@ -109,8 +111,9 @@ class Trainer(TrainingLoop):
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.model)
         seed_everything(config.seed)
-        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device)
-        self.policy = PolicyModel(self.model)
+        self.precision = resolve_precision(config.model, config.lora, self.device)
+        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device, self.precision)
+        self.policy = PolicyModel(self.model, self.precision)
         self.policy.check_head(self.device)
         self.reference = self._make_reference()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -158,6 +161,7 @@ class Trainer(TrainingLoop):
             # logprob mismatch (7.5e-5, from 3.3e-5; docs/training.md)
             onednn_linears=False,
             packed_weights=False,
+            precision=self.precision,  # the trainer's compute dtype: bfloat16 autocast on CUDA
             **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
         )
 
@@ -175,7 +179,7 @@ class Trainer(TrainingLoop):
         frozen = copy.deepcopy(self.model).eval()
         for parameter in frozen.parameters():
             parameter.requires_grad_(False)
-        return PolicyModel(frozen)
+        return PolicyModel(frozen, self.precision)
 
     def _reference_context(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.lora.enabled:
@@ -422,6 +426,7 @@ class Trainer(TrainingLoop):
         updates_per_step = algorithm.epochs * algorithm.mini_batches
         budget = config.optimizer.micro_batch_tokens
         recompute = updates_per_step > 1
+        correction = algorithm.correction()
         if recompute or self.reference is not None:
             self._annotate(samples, old=recompute, sums=sums)
         # the rollouts' cached prefixes go stale with the first optimizer step: free them before the
@@ -449,12 +454,20 @@ class Trainer(TrainingLoop):
                         old = logprobs.detach()  # one update per step: pi_old is the policy right now
                         self._add_mismatch(sums, old, micro)
                     weights = None
-                    if algorithm.tis_cap is not None:
-                        weights = algorithms.truncated_importance_weights(
-                            old, micro.rollout_logprobs, algorithm.tis_cap
+                    if correction.correction != "none":  # the engine/trainer gap (algorithms.py)
+                        corrected = algorithms.off_policy_weights(
+                            old,
+                            micro.rollout_logprobs,
+                            mask,
+                            correction.correction,
+                            cap=correction.cap,
+                            low=correction.low,
+                            high=correction.high,
                         )
-                        sums.add("tis_weight", algorithms.masked_sum(weights, mask))
-                        sums.add("tis_truncated", (mask & (weights >= algorithm.tis_cap)).sum())
+                        weights = corrected.weights
+                        sums.add("is_weight", algorithms.masked_sum(weights, mask))
+                        sums.add("is_masked", corrected.masked.sum())
+                        sums.add("is_truncated", corrected.truncated.sum())
                     result = algorithms.policy_loss(
                         logprobs,
                         old,
@@ -502,6 +515,7 @@ class Trainer(TrainingLoop):
         self.model.eval()
         trim_heap()  # the activations' pages go back to the system before the next rollouts
         tokens = max(1.0, sums["tokens"])
+        weighted = correction.correction != "none"
         metrics.update(
             {
                 "policy/loss": sums["loss"] / updates_per_step,
@@ -521,18 +535,27 @@ class Trainer(TrainingLoop):
         if self.reference is not None:
             metrics["policy/kl_ref"] = sums["kl_ref"] / tokens
         metrics.update(self._mismatch_metrics(sums))
-        if algorithm.tis_cap is not None:
-            metrics["mismatch/tis_weight_mean"] = sums["tis_weight"] / tokens
-            metrics["mismatch/tis_truncated_fraction"] = sums["tis_truncated"] / tokens
+        metrics.update(
+            {
+                "mismatch/weight_mean": sums["is_weight"] / tokens if weighted else 1.0,
+                "mismatch/masked_fraction": sums["is_masked"] / tokens,
+                "mismatch/truncated_fraction": sums["is_truncated"] / tokens,
+            }
+        )
+        if correction.correction == "tis":  # the names of the older tis_cap setting
+            metrics["mismatch/tis_weight_mean"] = metrics["mismatch/weight_mean"]
+            metrics["mismatch/tis_truncated_fraction"] = metrics["mismatch/truncated_fraction"]
         return metrics
 
     @staticmethod
     def _mismatch_metrics(sums: _Sums) -> dict[str, float]:
+        """Engine vs trainer on the step's generated tokens: |diff|, KL and the ratio's quantiles."""
         tokens = max(1.0, sums["mismatch_tokens"])
         return {
             "mismatch/logprob_abs_diff": sums["mismatch_abs"] / tokens,
             "mismatch/logprob_abs_diff_max": sums["mismatch_max"],
             "mismatch/kl": sums["mismatch_kl"] / tokens,
+            **algorithms.ratio_quantiles(sums.log_ratios),
         }
 
     @staticmethod
@@ -542,6 +565,7 @@ class Trainer(TrainingLoop):
         sums.add("mismatch_kl", found["kl"])
         sums.add("mismatch_tokens", found["tokens"])
         sums.values["mismatch_max"] = max(sums["mismatch_max"], float(found["max_abs_diff"]))
+        sums.log_ratios.append(found["log_ratios"].cpu())
 
     @torch.no_grad()
     def _annotate(self, samples: list[Sample], *, old: bool, sums: _Sums) -> None:
