@@ -16,26 +16,23 @@ formats into it, so both APIs share one session logic.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.termination import room
 from agentboost.agent.turn import GeneratedTurn, generate_turn, turn_seed
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
 from agentboost.errors import ConfigError, ContextLengthError, EngineError, TemplateError
+from agentboost.gateway.message_keys import MessageKey, WireMemo, message_key
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
-
-if TYPE_CHECKING:
-    from agentboost.gateway.wire import WireMemo
 
 
 class DriftPolicy(str, Enum):
@@ -59,32 +56,6 @@ class GatewayError(Exception):
         """``invalid_request``, ``not_found``, ``authentication``, ``session_ended`` or ``engine``."""
         self.message = message
         self.code = code
-
-
-def _arguments_key(arguments: Any) -> str:
-    return (
-        arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, ensure_ascii=False)
-    )
-
-
-MessageKey = tuple[Any, ...]
-
-
-def message_key(message: Mapping[str, Any]) -> MessageKey:
-    """What makes two chat messages the same for extension: roles, texts, call ids, names, arguments.
-
-    Reasoning is not part of it: clients drop it, and the session holds its tokens anyway.
-    """
-    role = message["role"]
-    if role == "assistant":
-        calls = tuple(
-            (call.get("id"), call["function"]["name"], _arguments_key(call["function"].get("arguments")))
-            for call in message.get("tool_calls") or ()
-        )
-        return (role, message.get("content") or "", calls)
-    if role == "tool":
-        return (role, message.get("tool_call_id"), message["content"])
-    return (role, message["content"])
 
 
 @dataclass
