@@ -153,6 +153,8 @@ class GatewaySession:
         self.system: str | None = None
         self.tools: list[dict[str, Any]] = []
         self.drift: list[dict[str, Any]] = []
+        self.generated: set[MessageKey] = set()
+        """The keys of every assistant message this session generated (on any row)."""
         self.dropped_rows = 0
         self.turns = 0
         self.tool_calls = 0
@@ -195,6 +197,9 @@ class GatewaySession:
     def _row_for(self, request: ChatRequest) -> _Row:
         keys: list[MessageKey] = request.keys  # type: ignore[assignment]
         if self.row is None:
+            inserted = _inserted(request.messages, keys, 0, set(), self.generated)
+            if inserted is not None:  # nothing served yet to keep or drop: recorded, or refused
+                self._record_drift(*inserted)
             return self._start_row(request, keys)
         row = self.row
         drift = self._find_drift(row, request, keys)
@@ -208,28 +213,32 @@ class GatewaySession:
             row.messages.extend(new)
             row.served.extend(keys[len(row.served) :])
             return row
-        reason, position = drift
-        record = {
-            "reason": reason,
-            "position": position,
-            "row": len(self.rows),
-            "turn": self.turns,
-            "policy": self.policy.value,
-        }
-        self.drift.append(record)
-        if self.policy is DriftPolicy.REFUSE:
-            raise GatewayError(
-                400,
-                "invalid_request",
-                f"the messages no longer extend what session {self.id!r} served ({reason} at message "
-                f"{position}); send the history as the gateway returned it, or start a new session",
-                code="history_diverged",
-            )
+        self._record_drift(*drift)
         if self.policy is DriftPolicy.FORK:
             self.rows.append(row)
         else:
             self.dropped_rows += 1
         return self._start_row(request, keys)
+
+    def _record_drift(self, reason: str, position: int) -> None:
+        """Record a drift event; under ``refuse``, answer the request with ``history_diverged``."""
+        self.drift.append(
+            {
+                "reason": reason,
+                "position": position,
+                "row": len(self.rows),
+                "turn": self.turns,
+                "policy": self.policy.value,
+            }
+        )
+        if self.policy is DriftPolicy.REFUSE:
+            raise GatewayError(
+                400,
+                "invalid_request",
+                f"the messages do not extend what session {self.id!r} served ({reason} at message "
+                f"{position}); send the history as the gateway returned it, or start a new session",
+                code="history_diverged",
+            )
 
     def _find_drift(self, row: _Row, request: ChatRequest, keys: list[MessageKey]) -> tuple[str, int] | None:
         """None when ``request`` extends ``row``; else (reason, first differing message position)."""
@@ -245,9 +254,9 @@ class GatewaySession:
             return "request_repeated", len(keys)  # a retry of the last request: it was answered already
         if len(keys) < len(served):
             return "turn_dropped", len(keys)
-        for position in range(len(served), len(keys)):
-            if keys[position][0] == "assistant":
-                return "assistant_not_served", position
+        inserted = _inserted(request.messages, keys, len(served), set(row.tool_names), set())
+        if inserted is not None:
+            return inserted
         if row.buffer.segments[-1].role != "assistant":
             return "turn_not_generated", len(served)  # the previous request failed before its turn
         return None
@@ -260,7 +269,9 @@ class GatewaySession:
             if message["role"] == "assistant"
             for call in message.get("tool_calls") or ()
         }
-        chat: list[Message] = [{"role": "system", "content": request.system}] if request.system else []
+        chat: list[Message] = (
+            [{"role": "system", "content": request.system, "source": "client"}] if request.system else []
+        )
         row = _Row(TokenBuffer(self.tokenizer, self.template, tools=self.tools or None), chat, [], tool_names)
         chat.extend(self._chat_message(row, message) for message in request.messages)
         try:
@@ -271,11 +282,18 @@ class GatewaySession:
         self.row = row
         return row
 
-    @staticmethod
-    def _chat_message(row: _Row, message: Message) -> Message:
+    def _chat_message(self, row: _Row, message: Message) -> Message:
+        """A client's message for the chat view, marked with its source: an assistant message is the
+        policy's only when it is one the session generated; everything else the client sent is the
+        client's (its tool results included: the gateway never sees the tools run)."""
+        source = (
+            "policy"
+            if message["role"] == "assistant" and message_key(message) in self.generated
+            else "client"
+        )
         if message["role"] == "tool":
-            return {**message, "name": row.tool_names.get(message.get("tool_call_id", ""))}
-        return dict(message)
+            return {**message, "name": row.tool_names.get(message.get("tool_call_id", "")), "source": source}
+        return {**message, "source": source}
 
     async def _generate(self, row: _Row, request: ChatRequest) -> ServedTurn:
         left = room(self.limits, row.buffer, self.engine.context_length)
@@ -321,6 +339,7 @@ class GatewaySession:
         row.messages.append(message)
         row.tool_calls += len(turn.tool_calls)
         row.served.append(message_key(message))
+        self.generated.add(row.served[-1])
         self._apply_limits(turn, client_cap)
         return ServedTurn(turn, message, prompt_tokens)
 
@@ -441,6 +460,27 @@ def _changed_message(keys: Sequence[MessageKey], served: Sequence[MessageKey]) -
                 return "tool_results_reordered", position
         return "message_changed", position
     raise AssertionError("_changed_message needs keys that differ from served within their common length")
+
+
+def _inserted(
+    messages: Sequence[Message],
+    keys: Sequence[MessageKey],
+    start: int,
+    calls: set[str],
+    generated: set[MessageKey],
+) -> tuple[str, int] | None:
+    """The first message from ``start`` on that the client inserted, as (reason, position): an
+    assistant message the session never generated, or a tool result for a call no earlier assistant
+    message made (``calls``: the call ids already made)."""
+    for position in range(start, len(keys)):
+        message = messages[position]
+        if message["role"] == "assistant":
+            if keys[position] not in generated:
+                return "assistant_not_served", position
+            calls.update(call.get("id") or "" for call in message.get("tool_calls") or ())
+        elif message["role"] == "tool" and message.get("tool_call_id") not in calls:
+            return "tool_result_not_requested", position
+    return None
 
 
 def _tool_block(keys: Sequence[MessageKey], position: int) -> list[MessageKey]:
