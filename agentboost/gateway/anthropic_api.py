@@ -32,6 +32,7 @@ _ERROR_TYPES = {
     "authentication": "authentication_error",
     "session_ended": "invalid_request_error",
     "engine": "api_error",
+    "request_too_large": "request_too_large",
 }
 
 

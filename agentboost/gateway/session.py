@@ -92,6 +92,10 @@ class ServedTurn:
     turn: GeneratedTurn
     message: Message
     prompt_tokens: int
+    row: _Row | None = None
+    """The row the turn was appended to (to take it back if the client never receives it)."""
+    end: int = 0
+    """The row's length right after the turn."""
 
     @property
     def completion_tokens(self) -> int:
@@ -168,12 +172,17 @@ class GatewaySession:
         self.ended = asyncio.Event()
         """Set when a limit or an error ended the session: its agent should be stopped."""
         self.started = time.perf_counter()
+        self.last_active = time.monotonic()
+        """When a request last arrived or was answered (idle sessions are finished by the command)."""
+        self.undelivered: list[dict[str, Any]] = []
+        """Turns generated for a client that went away before receiving them (see :meth:`withdraw`)."""
         self._lock = asyncio.Lock()
 
     # --- requests -------------------------------------------------------------------------------
 
     async def complete(self, request: ChatRequest) -> ServedTurn:
         """Generate the next assistant turn for ``request``. Raises :class:`GatewayError`."""
+        self.last_active = time.monotonic()
         async with self._lock:
             self.wire_memo = request.memo
             if self.termination is not None:
@@ -190,23 +199,53 @@ class GatewaySession:
                     "invalid_request",
                     "the last message must be a user message or tool results: the model answers next",
                 )
-            row = self._row_for(request)
+            row = await self._row_for(request)
             self.last_request = request
-            return await self._generate(row, request)
+            try:
+                return await self._generate(row, request)
+            finally:
+                self.last_active = time.monotonic()
 
-    def _row_for(self, request: ChatRequest) -> _Row:
+    def withdraw(self, served: ServedTurn) -> None:
+        """Take back a turn whose client went away before receiving it: it is not trained on.
+
+        The row drops the turn's ids when nothing was appended after it (the usual case: the client
+        retries the same request, which then extends the row again); otherwise the turn stays and is
+        marked. Either way it is listed in ``info["gateway"]["undelivered"]``.
+        """
+        row = served.row
+        withdrawn = row is not None and row is self.row and len(row.buffer.token_ids) == served.end
+        self.undelivered.append({"row": len(self.rows), "turn": self.turns - 1, "withdrawn": withdrawn})
+        if withdrawn and row is not None:
+            row.buffer.drop_last_turn()
+            row.messages.pop()
+            row.served.pop()
+            row.tool_calls -= len(served.turn.tool_calls)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request of this session is being served."""
+        return self._lock.locked()
+
+    @property
+    def served_turns(self) -> int:
+        """Model turns the session's rows hold (0: every request was refused, or none was delivered)."""
+        return sum(row.buffer.turn for row in [*self.rows, *([self.row] if self.row else [])])
+
+    async def _row_for(self, request: ChatRequest) -> _Row:
         keys: list[MessageKey] = request.keys  # type: ignore[assignment]
         if self.row is None:
             inserted = _inserted(request.messages, keys, 0, set(), self.generated)
             if inserted is not None:  # nothing served yet to keep or drop: recorded, or refused
                 self._record_drift(*inserted)
-            return self._start_row(request, keys)
+            return await self._start_row(request, keys)
         row = self.row
         drift = self._find_drift(row, request, keys)
         if drift is None:
             new = [self._chat_message(row, message) for message in request.messages[len(row.served) :]]
             try:
-                row.buffer.append_messages(new)
+                if new:  # none when the client retries a request whose turn it never received
+                    await _tokenize(row.buffer.append_messages, new)
             except TemplateError as error:
                 self._end(TerminationReason.TEMPLATE_ERROR, str(error))
                 raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
@@ -218,7 +257,7 @@ class GatewaySession:
             self.rows.append(row)
         else:
             self.dropped_rows += 1
-        return self._start_row(request, keys)
+        return await self._start_row(request, keys)
 
     def _record_drift(self, reason: str, position: int) -> None:
         """Record a drift event; under ``refuse``, answer the request with ``history_diverged``."""
@@ -257,11 +296,11 @@ class GatewaySession:
         inserted = _inserted(request.messages, keys, len(served), set(row.tool_names), set())
         if inserted is not None:
             return inserted
-        if row.buffer.segments[-1].role != "assistant":
+        if row.buffer.segments[-1].role != "assistant" and len(keys) > len(served):
             return "turn_not_generated", len(served)  # the previous request failed before its turn
         return None
 
-    def _start_row(self, request: ChatRequest, keys: list[MessageKey]) -> _Row:
+    async def _start_row(self, request: ChatRequest, keys: list[MessageKey]) -> _Row:
         self.system, self.tools = request.system, list(request.tools)
         tool_names = {
             call["id"]: call["function"]["name"]
@@ -275,7 +314,7 @@ class GatewaySession:
         row = _Row(TokenBuffer(self.tokenizer, self.template, tools=self.tools or None), chat, [], tool_names)
         chat.extend(self._chat_message(row, message) for message in request.messages)
         try:
-            row.buffer.start(chat)
+            await _tokenize(row.buffer.start, chat)
         except TemplateError as error:
             raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
         row.served = list(keys)
@@ -341,7 +380,7 @@ class GatewaySession:
         row.served.append(message_key(message))
         self.generated.add(row.served[-1])
         self._apply_limits(turn, client_cap)
-        return ServedTurn(turn, message, prompt_tokens)
+        return ServedTurn(turn, message, prompt_tokens, row, len(row.buffer.token_ids))
 
     def _apply_limits(self, turn: GeneratedTurn, client_cap: bool) -> None:
         """End the session when this turn reached one of the rollout's limits (as the provider path does)."""
@@ -394,6 +433,7 @@ class GatewaySession:
             "rows": len(self.rows) + (self.row is not None),
             "dropped_rows": self.dropped_rows,
             "drift": list(self.drift),
+            "undelivered": list(self.undelivered),
         }
         full_info = {"template": self.template.name, **(info or {}), "gateway": gateway_info}
         rows = [*self.rows, self.row] if self.row is not None else []
@@ -460,6 +500,19 @@ def _changed_message(keys: Sequence[MessageKey], served: Sequence[MessageKey]) -
                 return "tool_results_reordered", position
         return "message_changed", position
     raise AssertionError("_changed_message needs keys that differ from served within their common length")
+
+
+OFF_LOOP_CHARS = 32_768
+"""Messages with more text than this are tokenized in a worker thread, so a big prompt does not hold
+up the other sessions (smaller ones take well under a millisecond: a thread hop would cost more)."""
+
+
+async def _tokenize(append: Any, messages: list[Message]) -> Any:
+    """``append(messages)`` (a buffer's ``start`` or ``append_messages``), off the event loop when big."""
+    size = sum(len(message.get("content") or "") for message in messages)
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(append, messages)
+    return append(messages)
 
 
 def _inserted(

@@ -155,6 +155,14 @@ class TokenBuffer:
         )
         self.turn += 1
 
+    def drop_last_turn(self) -> None:
+        """Take back the last generated turn (one its client never received): ids, mask, logprobs."""
+        if not self.segments or self.segments[-1].role != "assistant":
+            raise TokenBufferError("drop_last_turn() needs a generated assistant turn at the end")
+        start = self.segments.pop().start
+        del self.token_ids[start:], self.loss_mask[start:], self.logprobs[start:]
+        self.turn -= 1
+
     def append_messages(self, messages: Sequence[Message]) -> list[int]:
         """Append tool results or user turns after a generated turn, with the next generation prompt."""
         if not self.segments or self.segments[-1].role != "assistant":
