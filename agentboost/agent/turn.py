@@ -54,6 +54,7 @@ class GeneratedTurn:
                 for call_id, call in zip(call_ids, self.tool_calls, strict=True)
             ]
         message["raw"] = self.raw
+        message["source"] = "policy"
         return message
 
 
