@@ -457,7 +457,7 @@ class SFTTrainer(TrainingLoop):
             seed=self.config.seed + 7_777_777,
             concurrency=evaluation.concurrency,
             retries=2,
-            on_result=lambda _: None,
+            on_result=self._phase(bar, f"eval @{step}", len(tasks) * evaluation.samples),
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
         self.eval_rewards[step] = metrics["eval/reward_mean"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -229,22 +228,6 @@ class Trainer(TrainingLoop):
             parts.append(f"eval@{last} {self.eval_rewards[last]:.3f}")
         parts.append(f"mismatch {metrics.get('mismatch/logprob_abs_diff', float('nan')):.1e}")
         return " | ".join(parts)
-
-    def _phase(self, bar: Any, text: str, total: int | None = None) -> Callable[[RolloutResult], None]:
-        """A callback that shows ``text done/total`` on the bar as rollouts finish (shown at once)."""
-        counter = {"done": 0}
-        if bar is not None:
-            bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
-        elif total:
-            print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
-
-        def on_result(_: RolloutResult) -> None:
-            counter["done"] += 1
-            if bar is not None:
-                done = f"{counter['done']}/{total}" if total else str(counter["done"])
-                bar.set_description_str(f"{text} {done}", refresh=True)
-
-        return on_result
 
     def evaluate(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Held-out mean reward of the current weights on ``split="test"``."""
