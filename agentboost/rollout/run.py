@@ -182,9 +182,11 @@ async def run_rollouts_async(
         if redo:
             say(f"running {redo} failed rollouts of {out} again")
         async with executing(run) as execute:
-            return await run_jobs(
+            summary = await run_jobs(
                 iter_jobs(run.environment, run.tasks, config), execute, store, config, total=plan.size
             )
+    summary.environment, summary.out = run.environment.name, os.fspath(out)
+    return summary
 
 
 def run_rollouts(spec: RunSpec, out: str | os.PathLike[str], **options: Any) -> Any:

@@ -40,6 +40,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agentboost.train.trainer import Trainer
 
     summary = Trainer(config).train()
+    from agentboost.train.logging import read_metrics, steps_line
+
+    metrics_file = summary.output_dir / "metrics.jsonl"
+    steps = steps_line(read_metrics(metrics_file)) if metrics_file.exists() else None
+    if steps:
+        print(steps)
     evaluations = sorted(summary.eval_rewards.items())
     if evaluations:
         (first_step, first), (last_step, last) = evaluations[0], evaluations[-1]

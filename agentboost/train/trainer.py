@@ -45,6 +45,7 @@ from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits, step_results
 from agentboost.train.config import TrainConfig
+from agentboost.train.logging import step_line
 from agentboost.train.loop import TrainingLoop
 from agentboost.train.policy import (
     PolicyModel,
@@ -222,7 +223,7 @@ class Trainer(TrainingLoop):
         self.engine.close()
 
     def postfix(self, metrics: dict[str, float]) -> str:
-        parts = [f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+        parts = [step_line(metrics)]
         if self.eval_rewards:
             last = max(self.eval_rewards)
             parts.append(f"eval@{last} {self.eval_rewards[last]:.3f}")
