@@ -21,7 +21,7 @@ agentboost pull                                                    # the embedde
 agentboost rollout --env mcp --env-kwargs "$ENV_KWARGS" -n 4 "${RUN[@]}" --out runs/mcp-stdio.jsonl
 
 # 2. the same server over streamable HTTP: one shared process, one database per episode id
-PORT=8765
+PORT="${PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 python examples/mcp/store_server.py --http "127.0.0.1:$PORT" >/dev/null 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
