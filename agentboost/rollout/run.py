@@ -210,7 +210,7 @@ async def run_rollouts_async(
         if redo:
             say(f"running {redo} failed rollouts of {out} again")
         async with executing(run, engine=engine, tokenizer=tokenizer) as execute:
-            return await run_jobs(
+            summary = await run_jobs(
                 iter_jobs(run.environment, run.tasks, config),
                 execute,
                 store,
@@ -218,6 +218,8 @@ async def run_rollouts_async(
                 total=plan.size,
                 on_result=on_result,
             )
+    summary.environment, summary.out = run.environment.name, os.fspath(out)
+    return summary
 
 
 def run_rollouts(spec: RunSpec, out: str | os.PathLike[str], **options: Any) -> Any:

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,22 @@ class TrainingLoop:
     def close(self) -> None:
         """Release engines and threads (always called, also on failure)."""
 
+    def _phase(self, bar: Any, text: str, total: int | None = None) -> Callable[[Any], None]:
+        """A callback that shows ``text done/total`` on the bar as rollouts finish (shown at once)."""
+        counter = {"done": 0}
+        if bar is not None:
+            bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
+        elif total:
+            print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
+
+        def on_result(_: Any) -> None:
+            counter["done"] += 1
+            if bar is not None:
+                done = f"{counter['done']}/{total}" if total else str(counter["done"])
+                bar.set_description_str(f"{text} {done}", refresh=True)
+
+        return on_result
+
     # --- the loop ----------------------------------------------------------------------------------
 
     def summary(self) -> Any:
@@ -116,6 +133,8 @@ class TrainingLoop:
                 if self._evaluation_due(step):
                     logger.log(step, "eval", self.evaluate(step, bar=bar))
                     logger.plot()
+                    if bar is not None:
+                        bar.set_description_str(self.progress_name, refresh=False)
                 metrics = self.train_step(step, bar=bar)
                 logger.log(step, "train", metrics)
                 self.finished_step(step, metrics)

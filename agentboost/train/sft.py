@@ -462,7 +462,7 @@ class SFTTrainer(TrainingLoop):
             spec,
             tasks,
             self.run_dir / "evals" / f"step_{step:06d}.jsonl",
-            on_result=lambda _: None,
+            on_result=self._phase(bar, f"eval @{step}", len(tasks) * evaluation.samples),
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
         self.eval_rewards[step] = metrics["eval/reward_mean"]

@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import copy
 import math
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.collect import collect_rollouts, result_metrics, step_results, training_spec
 from agentboost.train.config import TrainConfig
+from agentboost.train.logging import step_line
 from agentboost.train.loop import TrainingLoop
 from agentboost.train.policy import (
     PolicyModel,
@@ -283,28 +283,12 @@ class Trainer(TrainingLoop):
             self._rollout_loop.close()
 
     def postfix(self, metrics: dict[str, float]) -> str:
-        parts = [f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+        parts = [step_line(metrics)]
         if self.eval_rewards:
             last = max(self.eval_rewards)
             parts.append(f"eval@{last} {self.eval_rewards[last]:.3f}")
         parts.append(f"mismatch {metrics.get('mismatch/logprob_abs_diff', float('nan')):.1e}")
         return " | ".join(parts)
-
-    def _phase(self, bar: Any, text: str, total: int | None = None) -> Callable[[RolloutResult], None]:
-        """A callback that shows ``text done/total`` on the bar as rollouts finish (shown at once)."""
-        counter = {"done": 0}
-        if bar is not None:
-            bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
-        elif total:
-            print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
-
-        def on_result(_: RolloutResult) -> None:
-            counter["done"] += 1
-            if bar is not None:
-                done = f"{counter['done']}/{total}" if total else str(counter["done"])
-                bar.set_description_str(f"{text} {done}", refresh=True)
-
-        return on_result
 
     def evaluate(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Held-out mean reward of the current weights on ``split="test"``."""

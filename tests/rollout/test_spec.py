@@ -178,6 +178,9 @@ def test_the_results_header_workers_and_eval_report_carry_the_same_spec(qwen_tok
 
     spec, prepared, here, there, resumed, report = run(main())
     assert here.completed == there.completed == 6 and resumed.completed == 0 and resumed.skipped == 6
+    # the line names the environment and where the results went, as `agentboost rollout` prints it
+    assert here.line().startswith("arithmetic: 6 rollouts (0 already done")
+    assert here.line().endswith(f"-> {tmp_path / 'here.jsonl'}")
     header = read_header(tmp_path / "here.jsonl")["run"]
     assert header == prepared.identity == report["run"] == read_header(tmp_path / "eval.jsonl")["run"]
     assert header["limits"]["max_turns"] == 2 and header["sampling"]["temperature"] == spec.temperature
