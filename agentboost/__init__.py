@@ -21,6 +21,7 @@ _PUBLIC: dict[str, str] = {
     "Episode": "agentboost.envs.base",
     "Task": "agentboost.envs.task",
     "Reward": "agentboost.outcomes",
+    "FailureRule": "agentboost.outcomes",
     "RewardFunction": "agentboost.envs.base",
     "UserTurn": "agentboost.agent.episode",
     "RolloutLimits": "agentboost.agent.limits",
@@ -59,6 +60,7 @@ __all__ = [
     "ConfigError",
     "Environment",
     "Episode",
+    "FailureRule",
     "Reward",
     "RewardFunction",
     "RolloutLimits",
@@ -115,7 +117,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agentboost.errors import AgentBoostError, ConfigError
     from agentboost.eval.evaluate import build_report, evaluate_run
     from agentboost.models.tokenizers import load_tokenizer
-    from agentboost.outcomes import Reward, RolloutResult
+    from agentboost.outcomes import FailureRule, Reward, RolloutResult
     from agentboost.rollout.results import read_results
     from agentboost.rollout.run import run_rollouts, run_rollouts_async
     from agentboost.rollout.runner import RunSummary

@@ -7,6 +7,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     ├── ConfigError (ValueError)          a setting, argument or data row is invalid
     │   ├── UserPathError                 a file or directory the user named cannot be used
     │   ├── LegacyResultsError            a results file written before results files had a header
+    │   ├── SettingsChangedError          a results file was written with other settings than its resume
     │   ├── LogprobsModeError             a server's logprobs are not those of the sampling distribution
     │   ├── SplitOverlapError             the train and test sets share problems
     │   └── DamagedCheckpointError        a checkpoint file cannot be read back
@@ -35,6 +36,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
     │       ├── WeightSyncError           a server refused or failed a weight update
     │       └── EngineRateLimitedError
+    ├── EngineContractError (TypeError)   an engine lacks a method of the protocol its caller needs
     ├── VLLMServerError                   a vLLM server could not be started
     ├── BuildError (RuntimeError)         a native kernel could not be compiled or loaded
     ├── StaleRolloutError                 a rollout was generated with weights older than those trained
@@ -72,6 +74,16 @@ class ConfigError(AgentBoostError, ValueError):
 
 class ModelNotFoundError(AgentBoostError, FileNotFoundError):
     """A model directory or package could not be found locally."""
+
+
+class SettingsChangedError(ConfigError):
+    """A results file (``agentboost rollout --out``, a training step's ``rollouts/step_N.jsonl``) was
+    written by a run with other settings than the one resuming it. ``differences`` lists each as
+    ``key: recorded -> current``."""
+
+    def __init__(self, message: str, *, differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
 
 
 class UserPathError(ConfigError):
@@ -116,6 +128,16 @@ class EnvironmentStepError(AgentBoostError):
 
 
 # --- engines -----------------------------------------------------------------------------
+
+
+class EngineContractError(AgentBoostError, TypeError):
+    """An engine lacks a method of the protocol its caller needs (:class:`~agentboost.engines.base.Engine`
+    for rollouts, :class:`~agentboost.engines.base.TrainableEngine` for the trainer); refused when
+    the engine is built, naming what is missing. ``missing`` lists the names."""
+
+    def __init__(self, message: str, *, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class EngineError(AgentBoostError):

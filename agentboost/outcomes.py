@@ -19,6 +19,12 @@ environment bugs: failure ``reward_error``) are counted beside the mean, never a
 never dropped silently. Nothing a policy writes can leave a rollout unscored (rewards are total over
 model output), so a coverage below 100% is an infrastructure or environment problem to look at, and a
 rate whose coverage is below 100% is marked as such in reports.
+
+Failures are split by who caused them (:class:`FailureRule`, one per environment): a failed ending the
+policy can provoke (by default ``agent_error`` after the policy generated: an agent that crashed on tool
+arguments the model wrote) is SCORED with the environment's failure reward, so a crash is never an exit
+from the reward; every other failed ending (an engine that never answered, a dead server, a crashed
+worker, an environment bug) is infrastructure's: FAILED, masked out of training, run again on resume.
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 __all__ = [
     "MEAN_REWARD_DEFINITION",
+    "POLICY_FAILURES",
     "REWARD_ERROR",
+    "FailureRule",
     "Outcome",
     "Reward",
     "RewardFailure",
@@ -81,6 +90,76 @@ class Outcome(str, Enum):
     (:attr:`RolloutResult.failure` ``reward_error``)."""
 
 
+POLICY_FAILURES: frozenset[TerminationReason] = frozenset({TerminationReason.AGENT_ERROR})
+"""The failed endings the default :class:`FailureRule` blames on the policy (once it generated)."""
+
+_INFRASTRUCTURE = frozenset(
+    {TerminationReason.ENGINE_ERROR, TerminationReason.ENGINE_TIMEOUT, TerminationReason.WORKER_CRASHED}
+)
+"""Failed endings no rule may blame on the policy: the engine or the worker process failed."""
+
+POLICY_FAILURE = "policy_failure"
+"""The ``reward_info`` key of a rollout scored by the failure rule: the termination it blamed."""
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    """Which failed endings are the policy's, and what they score: the one rule every builder applies.
+
+    A failed ending (:attr:`~agentboost.tokens.trajectory.TerminationReason.failed`) is the POLICY's when
+    its reason is in :attr:`policy` and the policy generated at least one token before it: the model
+    could have provoked it (tool arguments that crash a gateway agent, a malformed call that breaks the
+    agent). It is scored :attr:`reward`, counted in the mean, trained on with its real loss mask and
+    kept on resume; ``reward_info["policy_failure"]`` names the termination. Every other failed ending
+    is infrastructure's (an engine that never answered, a dead server, a crashed worker, an environment
+    bug, a crash before the model acted): no reward, masked out of its GRPO group, run again on resume.
+
+    Set an environment's ``failure_rule`` to change it: ``FailureRule(reward=-1.0)`` to punish crashes
+    below a wrong answer, ``FailureRule(policy=frozenset())`` to mask every failure (the old behaviour,
+    which lets a policy escape a low reward by crashing its agent).
+    """
+
+    reward: float = 0.0
+    """What a failure the policy caused scores (the environment's lowest reward is a safe choice)."""
+    policy: frozenset[TerminationReason] = POLICY_FAILURES
+    """The failed endings that are the policy's once it has generated."""
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.reward, bool)
+            or not isinstance(self.reward, int | float)
+            or not math.isfinite(self.reward)
+        ):
+            raise ConfigError(f"FailureRule.reward must be a finite number, got {self.reward!r}")
+        try:
+            reasons = frozenset(TerminationReason(reason) for reason in self.policy)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"FailureRule.policy must be termination reasons: {error}") from error
+        refused = sorted(reason.value for reason in reasons if not reason.failed or reason in _INFRASTRUCTURE)
+        if refused:
+            allowed = sorted(r.value for r in TerminationReason if r.failed and r not in _INFRASTRUCTURE)
+            raise ConfigError(
+                f"FailureRule.policy lists {refused}: normal endings are scored by the reward and "
+                f"engine or worker failures are never the policy's; choose among {allowed}"
+            )
+        object.__setattr__(self, "reward", float(self.reward))
+        object.__setattr__(self, "policy", reasons)
+
+    def blames_policy(self, trajectory: Trajectory) -> bool:
+        """The trajectory failed in a way its policy caused (see the class docstring)."""
+        termination = trajectory.termination
+        generated = any(row.generated_tokens for row in trajectory.training_rows)  # a forked session's too
+        return termination.failed and termination in self.policy and generated
+
+    def score(self, trajectory: Trajectory) -> Reward:
+        """The reward of a failure the policy caused, saying why."""
+        return Reward(self.reward, info={POLICY_FAILURE: trajectory.termination.value})
+
+
+DEFAULT_FAILURE_RULE = FailureRule()
+"""Every environment's rule unless it sets its own ``failure_rule``: ``agent_error`` after the policy
+generated scores 0.0; every other failure is masked."""
+
 REWARD_ERROR = "reward_error"
 """The failure reason of a rollout whose reward function raised (a bug in the environment)."""
 
@@ -114,18 +193,27 @@ class RolloutResult:
     @property
     def outcome(self) -> Outcome:
         """Scored, unscorable or failed (the one rule every report and trainer reads)."""
+        if self.reward is not None:
+            return Outcome.SCORED  # a failed ending carries a reward only when the policy caused it
         if self.termination.failed:
             return Outcome.FAILED
-        if self.reward is not None:
-            return Outcome.SCORED
         return Outcome.UNSCORABLE if self.unscorable else Outcome.FAILED
 
     @property
+    def policy_failure(self) -> bool:
+        """A failed ending the :class:`FailureRule` blamed on the policy: scored with the environment's
+        failure reward (``reward_info["policy_failure"]`` names the termination)."""
+        return self.termination.failed and self.reward is not None
+
+    @property
     def failure(self) -> str | None:
-        """Why a failed rollout failed: its termination (``engine_error``...) or ``reward_error``."""
+        """Why a failed rollout failed: its termination (``engine_error``...) or ``reward_error``.
+        None for a scored rollout, a policy failure included."""
+        if self.reward is not None:
+            return None
         if self.termination.failed:
             return self.termination.value
-        if self.reward is None and not self.unscorable:
+        if not self.unscorable:
             return REWARD_ERROR
         return None
 
@@ -165,15 +253,26 @@ class RolloutResult:
 
 
 def rollout_result(
-    trajectory: Trajectory, reward: Reward | RewardFailure | None = None, *, sample: int = 0
+    trajectory: Trajectory,
+    reward: Reward | RewardFailure | None = None,
+    *,
+    sample: int = 0,
+    failure_rule: FailureRule | None = None,
 ) -> RolloutResult:
     """Record one rollout: its trajectory and what scoring it gave. The one way every rollout is recorded.
 
-    A trajectory whose termination failed (``engine_error``, ``env_error``...) is recorded failed
-    whatever ``reward`` is (pass None: it is never scored); a :class:`RewardFailure` is recorded
-    unscorable or ``reward_error``; a :class:`Reward` is recorded scored.
+    A trajectory whose termination failed (``engine_error``, ``agent_error``...) is never scored by
+    ``reward`` (pass None): ``failure_rule`` (the environment's; default :class:`FailureRule`) scores
+    it with its failure reward when the policy caused it, else it is recorded failed. A
+    :class:`RewardFailure` is recorded unscorable or ``reward_error``; a :class:`Reward` is recorded scored.
     """
     task_id = trajectory.task_id
+    rule = failure_rule if failure_rule is not None else DEFAULT_FAILURE_RULE
+    if rule.blames_policy(trajectory):
+        scored = rule.score(trajectory)
+        return RolloutResult(
+            task_id, sample, trajectory, scored.value, dict(scored.breakdown), dict(scored.info)
+        )
     if trajectory.termination.failed:
         detail = trajectory.termination_detail
         ended = f"no reward: the rollout ended {trajectory.termination.value}" + (
@@ -216,6 +315,8 @@ class RewardSummary:
     successes: int = 0
     """Scored rollouts whose reward reached the threshold."""
     threshold: float = 1.0
+    policy_failures: int = 0
+    """Scored rollouts that failed in a way the policy caused (their reward is the failure rule's)."""
 
     @property
     def coverage(self) -> float | None:
@@ -239,7 +340,8 @@ class RewardSummary:
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for training logs: ``reward_mean`` (NaN when nothing was scored), ``reward_std``,
-        ``scored``, ``unscorable``, ``failed``, ``coverage`` and ``failed/<reason>`` per reason."""
+        ``scored``, ``unscorable``, ``failed``, ``coverage``, ``failed/<reason>`` per reason and
+        ``policy_failures`` (scored, at the failure reward)."""
         values = {
             "reward_mean": math.nan if self.mean is None else self.mean,
             "reward_std": math.nan if self.std is None else self.std,
@@ -247,6 +349,7 @@ class RewardSummary:
             "unscorable": float(self.unscorable),
             "failed": float(self.failed),
             "coverage": math.nan if self.coverage is None else self.coverage,
+            "policy_failures": float(self.policy_failures),
         }
         values.update({f"failed/{reason}": float(count) for reason, count in sorted(self.failures.items())})
         return values
@@ -255,7 +358,7 @@ class RewardSummary:
 def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) -> RewardSummary:
     """Summarise ``results`` by outcome; the mean and success rate are over the scored ones."""
     rewards: list[float] = []
-    unscorable = 0
+    unscorable = policy_failures = 0
     failures: Counter[str] = Counter()
     total = 0
     for result in results:
@@ -263,6 +366,7 @@ def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) 
         outcome = result.outcome
         if outcome is Outcome.SCORED:
             rewards.append(float(result.reward))  # type: ignore[arg-type]
+            policy_failures += result.policy_failure
         elif outcome is Outcome.UNSCORABLE:
             unscorable += 1
         else:
@@ -283,4 +387,5 @@ def reward_summary(results: Iterable[RolloutResult], *, threshold: float = 1.0) 
         std=std,
         successes=sum(r >= threshold for r in rewards),
         threshold=threshold,
+        policy_failures=policy_failures,
     )

@@ -46,7 +46,16 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, EnvironmentStepError, UnscorableError, describe_error
-from agentboost.outcomes import REWARD_ERROR, Outcome, Reward, RewardFailure, RolloutResult, rollout_result
+from agentboost.outcomes import (
+    DEFAULT_FAILURE_RULE,
+    REWARD_ERROR,
+    FailureRule,
+    Outcome,
+    Reward,
+    RewardFailure,
+    RolloutResult,
+    rollout_result,
+)
 from agentboost.tables import Table
 from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.templates import ChatTemplate
@@ -62,6 +71,7 @@ __all__ = [
     "REWARD_ERROR",
     "Environment",
     "Episode",
+    "FailureRule",
     "Outcome",
     "Reward",
     "RewardFailure",
@@ -148,6 +158,10 @@ class Environment:
     """Tool-call format (see :mod:`agentboost.tokens.parsers`)."""
     reward_fn: RewardFunction | None = None
     """The reward used by the default :meth:`reward`."""
+    failure_rule: FailureRule = DEFAULT_FAILURE_RULE
+    """Which failed endings are the policy's and what they score (default: an ``agent_error`` after the
+    policy generated scores 0.0; every other failure is infrastructure's and masked). See
+    :class:`~agentboost.outcomes.FailureRule`."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -320,9 +334,10 @@ class Environment:
                 )
                 return self._env_error(task, sample, detail, episode.info)
             trajectory.info.update(episode.info)
-            if trajectory.termination.failed:
-                return rollout_result(trajectory, sample=sample)
-            return rollout_result(trajectory, await self.score(trajectory, episode), sample=sample)
+            if trajectory.termination.failed:  # masked, or scored by the failure rule if the policy's
+                return rollout_result(trajectory, sample=sample, failure_rule=self.failure_rule)
+            reward = await self.score(trajectory, episode)
+            return rollout_result(trajectory, reward, sample=sample, failure_rule=self.failure_rule)
         finally:
             await _cleanup(self, episode)
 

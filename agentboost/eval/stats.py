@@ -69,7 +69,9 @@ class Stats:
         failures = ", ".join(f"{reason} {count}" for reason, count in summary["failures"].items())
         mark = "*" if summary["scored"] < summary["rollouts"] else ""
         head = (
-            f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored, "
+            f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored"
+            + policy_failures_note(summary.get("policy_failures"))
+            + ", "
             f"{summary['unscorable']} unscorable, {summary['failed']} failed"
             + (f" ({failures})" if failures else "")
             + f"; mean reward {cell_text(summary['mean_reward'])}{mark}, success rate "
@@ -129,6 +131,7 @@ def tool_usage_stats(
         "scored": rewards.scored,
         "unscored": total - rewards.scored,
         "unscorable": rewards.unscorable,
+        "policy_failures": rewards.policy_failures,
         "failed": rewards.failed,
         "failures": rewards.failures,
         "coverage": rewards.coverage,
@@ -301,3 +304,8 @@ def environment_tables(
                 by_environment[name], threshold=threshold, summary=summary, test_tool=test_tool
             )
     return tables
+
+
+def policy_failures_note(count: int | None) -> str:
+    """What follows a scored count when some of those rollouts failed in a way the policy caused."""
+    return f" ({count} policy failures at the failure reward)" if count else ""

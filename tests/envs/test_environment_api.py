@@ -15,7 +15,7 @@ from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, HookProvider
 
 from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits, resolve_limits
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, OneBackend, RolloutKey, SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult, Task, UserTurn
 from agentboost.errors import ConfigError, EngineError
@@ -175,7 +175,7 @@ def test_the_one_result_builder_records_each_outcome():
         rollout_result(done, None)
 
 
-class Hanging:
+class Hanging(OneBackend):
     """An engine whose first generation never returns, until cancelled."""
 
     context_length = None
@@ -484,7 +484,7 @@ def test_the_per_turn_budget_has_one_owner(qwen_tokenizer, say):
     with pytest.raises(TypeError, match="max_new_tokens"):  # sampling has no token budget to slip past
         SamplingParams(max_new_tokens=7)
 
-    class Budget:
+    class Budget(OneBackend):
         context_length = None
 
         def __init__(self) -> None:
