@@ -9,7 +9,7 @@ import importlib
 import json
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from agentboost.cli_args import count
 from agentboost.errors import AgentBoostError, ConfigError
@@ -18,7 +18,11 @@ from agentboost.errors import AgentBoostError, ConfigError
 def _cmd_pull(args: argparse.Namespace) -> int:
     from agentboost.models.weights import pull_default_model
 
-    print(pull_default_model(force=args.force))
+    path = pull_default_model(force=args.force)
+    print(
+        f"The default model (SmolLM2-135M-Instruct) is ready in {path}; "
+        "commands use it when --model is not given."
+    )
     return 0
 
 
@@ -36,7 +40,7 @@ async def _rollouts(args: argparse.Namespace) -> int:
         allow_different=args.allow_different_settings,
         redo_failed=not args.keep_failed,
     )
-    print(f"{run.environment.name}: {summary.line()} -> {args.out}")
+    print(summary.line())  # names the environment and the results file
     if summary.failed:
         print(
             f"agentboost: error: {summary.failed} of {summary.completed} rollouts failed; the first: "
@@ -62,15 +66,31 @@ def _cmd_show(args: argparse.Namespace) -> int:
             print(json.dumps(trajectory.messages, indent=2, ensure_ascii=False))
             print(
                 f"task {result.task_id} sample {result.sample} | "
-                f"termination: {trajectory.termination.value} | "
-                f"reward: {result.reward} {result.reward_breakdown or ''}{result.reward_error or ''} | "
-                f"{trajectory.metrics}"
+                f"termination: {trajectory.termination.value}"
+                + (f" ({trajectory.termination_detail})" if trajectory.termination_detail else "")
             )
+            print(f"reward: {_reward_text(result)}")
+            print(f"metrics: {json.dumps(trajectory.metrics, ensure_ascii=False)}")
             return 0
     raise ConfigError(
         f"{args.path} has {count} results, so there is no --index {args.index}"
         + (f"; use 0 to {count - 1}" if count else "")
     )
+
+
+def _reward_text(result: Any) -> str:
+    """The reward, why it is what it is (the environment's ``reason``, or the error that left the
+    rollout unscored), its breakdown and whatever else the environment recorded about it."""
+    if result.reward is None:
+        return f"none ({result.reward_error or 'not scored'})"
+    info = dict(result.reward_info)
+    reason = info.pop("reason", None)
+    text = f"{result.reward:g}" + (f" ({reason})" if reason else " (the environment gave no reason)")
+    if result.reward_breakdown:
+        text += " | breakdown " + ", ".join(f"{k} {v:g}" for k, v in result.reward_breakdown.items())
+    if info:
+        text += f" | {json.dumps(info, ensure_ascii=False, default=str)}"
+    return text
 
 
 _COMMANDS = (
@@ -165,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentboost: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:
+        if error.errno == errno.EADDRINUSE:  # a server lost its port between the check and the bind
+            print(f"agentboost: error: {error.strerror}; pick another port", file=sys.stderr)
+            return 2
         if error.filename is None:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise

@@ -170,7 +170,7 @@ async def run_agent(
                         f"next_user_message must return text, a UserTurn or None, got {turn!r:.200}"
                     )
                 if turn.ends_conversation:
-                    model.messages.append({"role": "user", "content": turn.content})
+                    model.messages.append({"role": "user", "content": turn.content, "source": "environment"})
                     stop.set(TerminationReason.USER_ENDED, turn.detail or "the user ended the conversation")
                     return
                 next_prompt = turn.content

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from agentboost.agent.live import current as current_live
 from agentboost.engines.base import Engine, FinishReason, SamplingParams
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser, ToolSchemas, split_reasoning
@@ -54,6 +55,7 @@ class GeneratedTurn:
                 for call_id, call in zip(call_ids, self.tool_calls, strict=True)
             ]
         message["raw"] = self.raw
+        message["source"] = "policy"
         return message
 
 
@@ -74,7 +76,16 @@ async def generate_turn(
     """
     request = replace(sampling, stop_token_ids=tuple(stop_token_ids), seed=seed)
     started = time.perf_counter()
-    generation = await engine.generate(buffer.token_ids, request, max_new_tokens=budget)
+    live = current_live()  # the runner's progress counts, when it keeps them
+    if live is not None:
+        live.turn_started()
+    answered: int | None = None
+    try:
+        generation = await engine.generate(buffer.token_ids, request, max_new_tokens=budget)
+        answered = len(generation.token_ids)
+    finally:
+        if live is not None:
+            live.turn_ended(answered)
     elapsed = time.perf_counter() - started
     ids = generation.token_ids
     finished = generation.finish_reason == "stop" and bool(ids) and ids[-1] in request.stop_token_ids

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.envs.base import Environment, Episode, Task
+from agentboost.envs.base import Environment, Episode, Reward, Task
 from agentboost.envs.calculator import calculator
 from agentboost.envs.task import GeneratedTasks
 from agentboost.errors import ConfigError
@@ -103,6 +103,21 @@ def exact_answer_reward(text: str, answer: int) -> float:
     return 1.0 if extract_answer(text) == answer else 0.0
 
 
+NO_ANSWER = "no final answer: the last message has no `Answer: ...` line and no \\boxed{...}"
+
+
+def answer_verdict(value: float, found: object | None, expected: object) -> Reward:
+    """A final-answer reward with its reason: the answer read from the model's last message, the one
+    expected, and why the two gave ``value`` (what ``agentboost show`` and the viewer print)."""
+    if found is None:
+        reason = NO_ANSWER
+    elif value >= 1.0:
+        reason = f"correct: answered {found}"
+    else:
+        reason = f"answered {found}, expected {expected}"
+    return Reward(value, info={"reason": reason, "answer": found, "expected": expected})
+
+
 def _parse_integer(candidate: str) -> int | None:
     candidate = candidate.strip().strip("*$ ").removesuffix(".").strip("*$ ")
     boxed = _BOXED.fullmatch(candidate)
@@ -186,5 +201,6 @@ class ArithmeticEnvironment(Environment):
             lambda: iter_tasks(seed=seed + offset, difficulty=self.difficulty),
         )
 
-    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
-        return exact_answer_reward(trajectory.final_text, episode.task.ground_truth)
+    def reward(self, trajectory: Trajectory, episode: Episode) -> Reward:
+        found, expected = extract_answer(trajectory.final_text), episode.task.ground_truth
+        return answer_verdict(1.0 if found == expected else 0.0, found, expected)

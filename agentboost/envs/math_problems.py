@@ -41,7 +41,8 @@ from typing import Any
 from strands import tool
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.envs.base import Environment, Episode, Task
+from agentboost.envs.arithmetic import answer_verdict
+from agentboost.envs.base import Environment, Episode, Reward, Task
 from agentboost.envs.calculator import CalculatorError, evaluate, format_number
 from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import Trajectory
@@ -316,8 +317,9 @@ class MathEnvironment(Environment):
             return raw
         return 1.0 if raw >= self.threshold else 0.0
 
-    def reward(self, trajectory: Trajectory, episode: Episode) -> float:
-        return self.answer_reward(extract_answer(trajectory.final_text), episode.task)
+    def reward(self, trajectory: Trajectory, episode: Episode) -> Reward:
+        found = extract_answer(trajectory.final_text)
+        return answer_verdict(self.answer_reward(found, episode.task), found, episode.task.ground_truth)
 
 
 def _per_generator_config(config: Mapping[str, Any], names: list[str]) -> dict[str, dict[str, Any]]:

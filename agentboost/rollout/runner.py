@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.live import LiveCounts, counting
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.task import Task
@@ -52,6 +53,8 @@ class RunConfig:
     seed: int = 0
     """Base of the per-(task, sample) sampling seeds, so a resumed run samples what a fresh one would."""
     progress: bool = True
+    stall_notice_s: float | None = 60.0
+    """Say what the run waits for when no turn and no rollout finished for this long (None: never)."""
 
     def __post_init__(self) -> None:
         for name in ("samples", "concurrency"):
@@ -62,6 +65,8 @@ class RunConfig:
             raise ConfigError(f"retries must be an integer >= 0 (0: no retries), got {self.retries!r}")
         if not self.retry_backoff_s >= 0:
             raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s!r}")
+        if self.stall_notice_s is not None and not self.stall_notice_s > 0:
+            raise ConfigError(f"stall_notice_s must be > 0 (or None), got {self.stall_notice_s!r}")
 
 
 @dataclass
@@ -80,6 +85,12 @@ class RunSummary:
     elapsed_s: float = 0.0
     first_failure: str | None = None
     """Why the first failed rollout of this run failed (task, sample, termination and its detail)."""
+    engine_never_answered: int = 0
+    """Rollouts of this run that ran out of time before the engine answered once (see :func:`stalled`)."""
+    environment: str | None = None
+    """The environment's name, for :meth:`line` (set by :func:`~agentboost.rollout.run.run_rollouts`)."""
+    out: str | None = None
+    """The results file, for :meth:`line`."""
 
     @property
     def mean_reward(self) -> float | None:
@@ -91,12 +102,23 @@ class RunSummary:
             ", ".join(f"{reason} {count}" for reason, count in self.terminations.most_common()) or "none"
         )
         rate = self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
-        return (
+        line = (
             f"{self.completed} rollouts ({self.skipped} already done, {self.failed} failed, "
             f"{self.retried} retried): "
             f"mean reward {mean} | {endings} | {self.generated_tokens} tokens in {self.elapsed_s:.1f} s "
             f"({rate:.1f} tok/s)"
         )
+        if self.environment:
+            line = f"{self.environment}: {line}"
+        if self.out:
+            line = f"{line} -> {self.out}"
+        if self.engine_never_answered:
+            line += (
+                f"\n{self.engine_never_answered} of {self.completed} rollouts ran out of time before the "
+                "engine answered once: the machine or the engine is overloaded, or the timeout is too "
+                "short for it; raise --timeout or lower --concurrency (they say nothing about the model)"
+            )
+        return line
 
 
 def job_seed(base: int, task_id: str, sample: int) -> int:
@@ -285,6 +307,38 @@ def crashed_result(job: Job, detail: str) -> RolloutResult:
     )
 
 
+NEVER_ANSWERED = "before the engine answered"
+"""What a rollout's termination detail says when its time ran out before one generation came back."""
+
+
+def stalled(result: RolloutResult) -> bool:
+    """The rollout ran out of time before the engine answered once: the machine, not the model."""
+    trajectory = result.trajectory
+    if NEVER_ANSWERED in (trajectory.termination_detail or ""):
+        return True
+    return (
+        trajectory.termination is TerminationReason.TIMEOUT
+        and trajectory.metrics.get("engine_s", None) == 0
+        and trajectory.generated_tokens == 0
+    )
+
+
+def waiting_for(in_flight: int, live: LiveCounts) -> str:
+    """What a quiet run waits for, in a sentence: the engine, or tools and the environment."""
+    generating = min(live.generating, in_flight)
+    if generating == 0 and live.turns == 0:  # no turn reported: worker processes, or not started yet
+        return f"{in_flight} rollouts in flight, waiting for their first turn (or for worker processes)"
+    parts = [f"{in_flight} rollouts in flight: {generating} waiting for the engine to answer"]
+    if in_flight - generating:
+        parts.append(f"{in_flight - generating} in tools or the environment (a simulated user included)")
+    text = ", ".join(parts)
+    if live.turns == 0:
+        text += "; the engine has not answered once yet (still loading, or overloaded: lower --concurrency)"
+    else:
+        text += f"; {live.turns} turns and {live.tokens} tokens so far"
+    return text
+
+
 def failure_cause(result: RolloutResult) -> str:
     """One line saying which rollout failed and why."""
     trajectory = result.trajectory
@@ -302,8 +356,10 @@ async def run_jobs(
     config: RunConfig,
     *,
     total: int | None = None,
+    on_result: Callable[[RolloutResult], None] | None = None,
 ) -> RunSummary:
-    """Run the jobs not yet in ``store``; write each result as soon as it is final.
+    """Run the jobs not yet in ``store``; write each result as soon as it is final (then ``on_result``
+    hears it, e.g. to move a progress bar).
 
     ``jobs`` may be a lazy iterator: at most ``config.concurrency`` jobs are held at once, and no
     task is created per job up front. ``total`` (the number of jobs, for the progress bar) is taken
@@ -319,6 +375,33 @@ async def run_jobs(
 
         bar = tqdm(total=total or None, unit="rollout", file=sys.stderr, dynamic_ncols=True)
     source = iter(jobs)
+    live = LiveCounts()
+    in_flight = 0
+    last_shown = 0.0
+
+    def show(*, refresh: bool) -> None:
+        """The bar's postfix: turns and tokens of every rollout so far (in flight included)."""
+        nonlocal last_shown
+        if bar is None:
+            return
+        last_shown = time.perf_counter()
+        elapsed = last_shown - started
+        mean = summary.mean_reward
+        tokens = max(live.tokens, summary.generated_tokens)  # live counts only in-process rollouts
+        fields: dict[str, Any] = {"turns": live.turns} if live.turns else {}
+        fields.update(
+            tokens=tokens,
+            failed=summary.failed,
+            reward="n/a" if mean is None else f"{mean:.3f}",
+            tok_s=f"{tokens / elapsed:.1f}" if elapsed else "0",
+        )
+        bar.set_postfix(fields, refresh=refresh)
+
+    def on_turn() -> None:
+        if time.perf_counter() - last_shown >= 0.5:  # at most two redraws a second
+            show(refresh=True)
+
+    live.on_turn = on_turn
 
     async def attempt(job: Job) -> RolloutResult:
         delay = config.retry_backoff_s
@@ -337,12 +420,16 @@ async def run_jobs(
             delay *= 2
 
     async def record(result: RolloutResult) -> None:
+        nonlocal last_done
         writer = getattr(store, "awrite", None)
         if writer is not None:
             await writer(result)
         else:
             store.write(result)
+        if on_result is not None:
+            on_result(result)
         summary.completed += 1
+        last_done = time.monotonic()
         summary.terminations[result.termination.value] += 1
         summary.generated_tokens += result.trajectory.generated_tokens
         if result.failed:
@@ -352,38 +439,67 @@ async def run_jobs(
         if result.reward is not None:
             summary.scored += 1
             summary.reward_sum += result.reward
+        if stalled(result):
+            summary.engine_never_answered += 1
         if bar is not None:
-            elapsed = time.perf_counter() - started
-            mean = summary.mean_reward
-            bar.set_postfix(
-                failed=summary.failed,
-                reward="n/a" if mean is None else f"{mean:.3f}",
-                tok_s=f"{summary.generated_tokens / elapsed:.1f}" if elapsed else "0",
-                refresh=False,
-            )
+            show(refresh=False)
             bar.update(1)
 
     async def lane() -> None:
         """One of ``concurrency`` lanes: take the next job not yet done, run it, write it, repeat."""
+        nonlocal in_flight
         for job in source:  # one shared iterator: each job is taken by exactly one lane
             if (job.task_id, job.sample) in store.done:
                 summary.skipped += 1
                 if bar is not None:
                     bar.update(1)
                 continue
-            await record(await attempt(job))
+            in_flight += 1
+            try:
+                result = await attempt(job)
+            finally:
+                in_flight -= 1
+            await record(result)
 
-    lanes = [
-        asyncio.ensure_future(lane()) for _ in range(min(config.concurrency, total or config.concurrency))
-    ]
+    async def tick() -> None:
+        """Each second: show turns that came back since the bar was drawn, and whenever no turn and no
+        rollout finished for ``config.stall_notice_s``, say what the run waits for."""
+        quiet_s = config.stall_notice_s
+        said = started_at
+        shown_turns = 0
+        while True:
+            await asyncio.sleep(1.0 if quiet_s is None else min(1.0, quiet_s / 4))
+            if live.turns != shown_turns:
+                shown_turns = live.turns
+                show(refresh=True)
+            now = time.monotonic()
+            if quiet_s is None or not in_flight or now - max(live.last_turn_at, last_done, said) < quiet_s:
+                continue
+            said = now
+            quiet = now - max(live.last_turn_at, last_done)
+            notice = f"agentboost: nothing finished in the last {quiet:.0f} s; {waiting_for(in_flight, live)}"
+            if bar is not None:
+                bar.write(notice, file=sys.stderr)
+            else:
+                print(notice, file=sys.stderr, flush=True)
+
+    started_at = time.monotonic()
+    last_done = started_at
+    with counting(live):  # the lanes' tasks copy this context: their turns report to ``live``
+        lanes = [
+            asyncio.ensure_future(lane()) for _ in range(min(config.concurrency, total or config.concurrency))
+        ]
+    ticker = asyncio.ensure_future(tick()) if bar is not None or config.stall_notice_s else None
     try:
         done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
         for finished in done:
             finished.result()  # the first error (e.g. the disk is full) ends the run
     finally:
+        if ticker is not None:
+            ticker.cancel()
         for task in lanes:
             task.cancel()
-        await asyncio.gather(*lanes, return_exceptions=True)
+        await asyncio.gather(*lanes, *([ticker] if ticker else []), return_exceptions=True)
         summary.elapsed_s = time.perf_counter() - started
         if bar is not None:
             bar.close()

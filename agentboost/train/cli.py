@@ -28,6 +28,66 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the settings, build the environment and find the model and engine; train nothing",
+    )
+
+
+def _dry_run(config: Any, *, environment: str | None, kwargs: dict[str, Any]) -> int:
+    """What a run would start from, checked without loading a model or training: the settings, the
+    environment and its tasks, the data files (SFT), the model's location and the rollout server.
+    Problems raise the typed error a real run would raise at its start."""
+    from pathlib import Path
+
+    from agentboost.errors import ConfigError, ModelNotFoundError
+    from agentboost.models.weights import DEFAULT_MODEL, resolve_model
+
+    config.validate()
+    lines = ["settings: OK"]
+    if environment:
+        from agentboost.envs.registry import make_environment
+
+        built = make_environment(str(environment), kwargs)
+        counts = []
+        section = getattr(config, "environment", None)  # the RL trainer's; SFT only evaluates
+        if section is not None:
+            train = list(built.tasks(section.train_tasks, seed=section.task_seed, split="train"))
+            counts.append(f"{len(train)} train tasks")
+            if len(train) < config.rollout.tasks_per_step:
+                raise ConfigError(
+                    f"the environment gave {len(train)} training tasks but rollout.tasks_per_step "
+                    f"is {config.rollout.tasks_per_step}; lower it or raise environment.train_tasks"
+                )
+        if config.eval.every:
+            counts.append(f"{len(list(built.tasks(config.eval.tasks, seed=0, split='test')))} held-out tasks")
+        lines.append(f"environment {built.name}: " + (", ".join(counts) or "builds"))
+    for path in getattr(getattr(config, "data", None), "paths", []) or []:
+        if not Path(path).is_file():
+            raise ConfigError(f"data.paths: {path} is not a file")
+        lines.append(f"data {path}: found")
+    model = str(config.model.name_or_path)
+    try:
+        lines.append(f"model {model}: {resolve_model(model, pull=False)}")
+    except ModelNotFoundError as error:
+        if model.lower() not in {DEFAULT_MODEL, "default"}:
+            raise
+        lines.append(f"model {model}: not cached yet, pulled on first use ({error})")
+    url = getattr(getattr(config, "rollout", None), "vllm_url", None)
+    if url:
+        import asyncio
+
+        from agentboost.engines.factory import check_engine_args
+
+        asyncio.run(check_engine_args("vllm", model=model, urls=(url,)))
+        lines.append(f"engine: the vLLM server at {url} answers")
+    else:
+        lines.append("engine: embedded (this process)")
+    for line in lines:
+        print(f"agentboost: {line}")
+    print(f"dry run: nothing trained; a run would write {config.output_dir}")
+    return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -37,9 +97,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    if args.dry_run:
+        return _dry_run(config, environment=config.environment.name, kwargs=config.environment.kwargs)
     from agentboost.train.trainer import Trainer
 
     summary = Trainer(config).train()
+    from agentboost.train.logging import read_metrics, steps_line
+
+    metrics_file = summary.output_dir / "metrics.jsonl"
+    steps = steps_line(read_metrics(metrics_file)) if metrics_file.exists() else None
+    if steps:
+        print(steps)
     evaluations = sorted(summary.eval_rewards.items())
     if evaluations:
         (first_step, first), (last_step, last) = evaluations[0], evaluations[-1]
@@ -76,6 +144,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    if args.dry_run:
+        return _dry_run(config, environment=config.eval.environment, kwargs=config.eval.kwargs)
     from agentboost.train.sft import SFTTrainer
 
     trainer = SFTTrainer(config)

@@ -1,9 +1,10 @@
 """Where training metrics go: JSONL and TensorBoard always, wandb when configured, and a reward-curve PNG.
 
 Every record is one line of ``metrics.jsonl``: ``{"step": int, "kind": "train" | "eval", "time": float,
-<metric>: float, ...}``. ``step`` is the number of training steps completed before the rollouts the
-record describes were made, so a train record and an eval record with the same step measure the same
-weights. Metric names are listed in docs/training.md and are kept stable.
+<metric>: float, ...}`` (and one ``"precision"`` record when a run starts or resumes: the dtypes the run
+picked). ``step`` is the number of training steps completed before the rollouts the record describes were
+made, so a train record and an eval record with the same step measure the same weights. Metric names are
+listed in docs/training.md and are kept stable.
 """
 
 from __future__ import annotations
@@ -167,3 +168,40 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike[str
     plt.close(figure)
     os.replace(temporary, output)
     return output
+
+
+def step_line(metrics: Mapping[str, float]) -> str:
+    """One training step in a few words, for the progress bar and the closing line: the reward, the
+    optimizer updates made (and why there were none), the loss, the KL and the gradient norm."""
+    parts = [f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    updates = int(metrics.get("optim/updates", 0))
+    if updates == 0:
+        if metrics.get("groups/zero_signal_fraction", 0.0) >= 1.0:
+            parts.append("0 updates: every group had zero signal (equal rewards, or under two scored)")
+        else:
+            parts.append("0 updates")
+        return " | ".join(parts)
+    parts.append(f"{updates} update{'s' if updates != 1 else ''}")
+    if "policy/loss" in metrics:
+        parts.append(f"loss {metrics['policy/loss']:.4f}")
+    kl_name = "policy/kl_ref" if "policy/kl_ref" in metrics else "policy/approx_kl"
+    if kl_name in metrics:
+        parts.append(f"kl {metrics[kl_name]:.2e}")
+    if "optim/grad_norm" in metrics:
+        parts.append(f"grad {metrics['optim/grad_norm']:.3f}")
+    if metrics.get("groups/zero_signal_fraction", 0.0) >= 1.0:
+        parts.append("every group had zero signal")
+    return " | ".join(parts)
+
+
+def steps_line(records: list[dict[str, Any]]) -> str | None:
+    """The closing line's account of a run's training steps (``metrics.jsonl`` records): the last
+    step in :func:`step_line`'s words, and how many steps made no optimizer update."""
+    steps = [record for record in records if record.get("kind") == "train"]
+    if not steps:
+        return None
+    idle = sum(1 for record in steps if not record.get("optim/updates"))
+    line = f"last step: {step_line(steps[-1])}"
+    if idle:
+        line += f" | {idle} of {len(steps)} steps made no update (see groups/zero_signal_fraction)"
+    return line

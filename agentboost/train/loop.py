@@ -14,9 +14,11 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentboost.models.precision import Precision
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.logging import MetricsLogger
 
@@ -31,6 +33,8 @@ class TrainingLoop:
     model: Any
     optimizer: Any
     checkpointer: Checkpoints
+    precision: Precision
+    """The run's precision policy (weights and compute dtypes), said at the start of the run."""
     step: int = 0
     resumed_from: int | None = None
     eval_rewards: dict[int, float]
@@ -80,6 +84,22 @@ class TrainingLoop:
     def close(self) -> None:
         """Release engines and threads (always called, also on failure)."""
 
+    def _phase(self, bar: Any, text: str, total: int | None = None) -> Callable[[Any], None]:
+        """A callback that shows ``text done/total`` on the bar as rollouts finish (shown at once)."""
+        counter = {"done": 0}
+        if bar is not None:
+            bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
+        elif total:
+            print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
+
+        def on_result(_: Any) -> None:
+            counter["done"] += 1
+            if bar is not None:
+                done = f"{counter['done']}/{total}" if total else str(counter["done"])
+                bar.set_description_str(f"{text} {done}", refresh=True)
+
+        return on_result
+
     # --- the loop ----------------------------------------------------------------------------------
 
     def summary(self) -> Any:
@@ -101,6 +121,8 @@ class TrainingLoop:
             wandb_run_name=config.logging.wandb_run_name,
             wandb_mode=config.logging.wandb_mode,
         )
+        print(f"agentboost: precision: {self.precision.describe()}", file=sys.stderr)
+        logger.log(self.step, "precision", self.precision.as_metrics())
         bar = self._progress_bar()
         began = time.monotonic()
         try:
@@ -111,6 +133,8 @@ class TrainingLoop:
                 if self._evaluation_due(step):
                     logger.log(step, "eval", self.evaluate(step, bar=bar))
                     logger.plot()
+                    if bar is not None:
+                        bar.set_description_str(self.progress_name, refresh=False)
                 metrics = self.train_step(step, bar=bar)
                 logger.log(step, "train", metrics)
                 self.finished_step(step, metrics)

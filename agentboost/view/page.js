@@ -270,7 +270,8 @@
     $("detail-empty").hidden = true;
     $("detail").hidden = false;
     $("detail-title").textContent = `${r.task} / sample ${r.sample}`;
-    const facts = [`reward ${fmtReward(r.reward)}`, `termination ${r.end}` + (detail.detail ? ` (${detail.detail})` : ""),
+    const why = detail.reward_info.reason || (r.reward === null ? detail.reward_error : null);
+    const facts = [`reward ${fmtReward(r.reward)}` + (why ? ` (${why})` : ""), `termination ${r.end}` + (detail.detail ? ` (${detail.detail})` : ""),
       `${r.turns} turns`, `${r.calls} tool calls`, `${r.perr} parse errors`, `${detail.ids.length} tokens (${r.gen} generated)`];
     if (Object.keys(detail.breakdown).length) facts.push(`breakdown ${JSON.stringify(detail.breakdown)}`);
     if (Object.keys(detail.reward_info).length) facts.push(`reward info ${JSON.stringify(detail.reward_info)}`);

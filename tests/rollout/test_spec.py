@@ -124,7 +124,11 @@ def test_the_change_table_covers_every_field_and_not_compared_is_derived_from_it
     recorded_not_compared = {"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"}
     server_timeouts = {"read_timeout_s", "connect_timeout_s", "server_down_timeout_s"}
     engine_sizes = {"engine_memory_gib"}
-    assert recorded_not_compared | {"worker_setup_timeout_s"} | server_timeouts | engine_sizes == NOT_COMPARED
+    facts = {"precision"}  # the embedded engine's resolved precision: recorded, never a reason to refuse
+    assert (
+        recorded_not_compared | {"worker_setup_timeout_s"} | server_timeouts | engine_sizes | facts
+        == NOT_COMPARED
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CHANGES))
@@ -174,6 +178,9 @@ def test_the_results_header_workers_and_eval_report_carry_the_same_spec(qwen_tok
 
     spec, prepared, here, there, resumed, report = run(main())
     assert here.completed == there.completed == 6 and resumed.completed == 0 and resumed.skipped == 6
+    # the line names the environment and where the results went, as `agentboost rollout` prints it
+    assert here.line().startswith("arithmetic: 6 rollouts (0 already done")
+    assert here.line().endswith(f"-> {tmp_path / 'here.jsonl'}")
     header = read_header(tmp_path / "here.jsonl")["run"]
     assert header == prepared.identity == report["run"] == read_header(tmp_path / "eval.jsonl")["run"]
     assert header["limits"]["max_turns"] == 2 and header["sampling"]["temperature"] == spec.temperature

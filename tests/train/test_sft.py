@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import sys
 
 import pytest
 import torch
@@ -240,3 +241,31 @@ def test_sections_shared_with_the_trainer_check_themselves_the_same_way(override
         load_sft_config(None, ["data.paths=[x.jsonl]", override])
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+def test_the_held_out_evaluation_counts_its_rollouts_in_a_terminal(tiny_model_dir, chat_file, tmp_path):
+    """examples/math/train.sh sat at `sft: 0/3` through its step-0 evaluation: the bar now counts it."""
+    from pty_support import run_in_terminal
+
+    command = [
+        sys.executable,
+        "-c",
+        "from agentboost.cli import run; run()",
+        "sft",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.paths=[{chat_file}]",
+        "data.template=qwen3",
+        "steps=1",
+        "batch_size=4",
+        "eval.every=1",
+        "eval.environment=arithmetic",
+        "eval.tasks=2",
+        "eval.max_new_tokens=4",
+        "checkpoint.save_final_model=false",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    drawn = run_in_terminal(command).replace("\r", "\n").splitlines()
+    for step in (0, 1):  # before the first step and after the last
+        counts = [line for line in drawn if f"eval @{step} " in line]
+        assert any(f"eval @{step} 1/2" in line for line in counts), drawn
+        assert any(f"eval @{step} 2/2" in line for line in counts), drawn
