@@ -80,14 +80,16 @@ class Outcome(str, Enum):
     """What a rollout's reward is worth to a report or a trainer: every rollout is exactly one."""
 
     SCORED = "scored"
-    """A reward was computed. Whatever the policy wrote ends here (a malformed answer scores 0)."""
+    """A reward was computed. Whatever the policy wrote ends here (a malformed answer scores 0), and
+    so does a failure the policy caused (an agent crash after a model turn: the :class:`FailureRule`'s
+    reward)."""
     UNSCORABLE = "unscorable"
     """The reward could not be computed for a reason outside the policy's control: the reward raised
     :class:`~agentboost.errors.UnscorableError` (a judge down, a simulated user that broke)."""
     FAILED = "failed"
-    """Infrastructure failed: the engine, a worker, the environment (a failed termination), or the
-    reward function itself raised another exception, which is a bug in the environment
-    (:attr:`RolloutResult.failure` ``reward_error``)."""
+    """Infrastructure failed: the engine, a worker, the environment (a failed termination the policy
+    did not cause, see :class:`FailureRule`), or the reward function itself raised another exception,
+    which is a bug in the environment (:attr:`RolloutResult.failure` ``reward_error``)."""
 
 
 POLICY_FAILURES: frozenset[TerminationReason] = frozenset({TerminationReason.AGENT_ERROR})

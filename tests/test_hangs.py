@@ -109,8 +109,10 @@ def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_prin
         done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     finally:
         slow.close()
-    assert done.returncode == 0, done.stderr[-2000:]
+    # an infrastructure failure, not a scored 0: the run fails, saying the cause and the fix
+    assert done.returncode == 1, done.stderr[-2000:]
     assert "limits per rollout:" in done.stderr and "timeout 2 s" in done.stderr
+    assert "1 of 1 rollouts failed" in done.stderr and "raise --timeout or lower --concurrency" in done.stderr
     [result] = list(read_results(tmp_path / "r.jsonl"))
     assert result.trajectory.termination.value == "engine_timeout" and result.outcome.value == "failed"
     assert "before the engine answered once" in result.trajectory.termination_detail

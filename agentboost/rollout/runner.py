@@ -307,20 +307,10 @@ def crashed_result(job: Job, detail: str) -> RolloutResult:
     )
 
 
-NEVER_ANSWERED = "before the engine answered"
-"""What a rollout's termination detail says when its time ran out before one generation came back."""
-
-
 def stalled(result: RolloutResult) -> bool:
-    """The rollout ran out of time before the engine answered once: the machine, not the model."""
-    trajectory = result.trajectory
-    if NEVER_ANSWERED in (trajectory.termination_detail or ""):
-        return True
-    return (
-        trajectory.termination is TerminationReason.TIMEOUT
-        and trajectory.metrics.get("engine_s", None) == 0
-        and trajectory.generated_tokens == 0
-    )
+    """The rollout ran out of time before the engine answered once: the machine, not the model
+    (termination ``engine_timeout``, an infrastructure failure)."""
+    return result.termination is TerminationReason.ENGINE_TIMEOUT
 
 
 def waiting_for(in_flight: int, live: LiveCounts) -> str:

@@ -199,6 +199,7 @@ def test_a_timeout_before_the_engine_answered_once_is_the_engines_failure_not_th
     trajectory = rollout(qwen_tokenizer, StalledEngine([say(ADD_CALL)]), limits=RolloutLimits(timeout_s=0.5))
     assert trajectory.termination is TerminationReason.ENGINE_TIMEOUT
     assert trajectory.termination.failed and not trajectory.termination.trainable
+    assert not trajectory.termination.retryable  # the same load would stall a retry at once; resume reruns it
     assert "before the engine answered once" in trajectory.termination_detail
     assert "raise --timeout or lower --concurrency" in trajectory.termination_detail
     assert trajectory.generated_tokens == 0
