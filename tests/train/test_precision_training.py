@@ -178,3 +178,21 @@ def test_a_grpo_step_in_bfloat16_compute_learns_corrects_and_logs_the_mismatch(
     moved = sum(int((p.detach() != before[n]).any()) for n, p in trainer.model.named_parameters())
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     assert moved == len(before)
+
+
+def test_the_off_policy_correction_is_none_in_float32_and_icepop_in_bfloat16_unless_chosen():
+    from agentboost.errors import ConfigError
+    from agentboost.train.config import load_config
+
+    default = load_config(None, []).algorithm
+    assert default.correction(exact=True).correction == "none"
+    assert default.correction(exact=False).correction == "icepop"
+    older = load_config(None, ["algorithm.tis_cap=3"]).algorithm  # the older spelling of TIS
+    resolved = older.correction(exact=True)
+    assert (resolved.correction, resolved.cap) == ("tis", 3.0)
+    chosen = load_config(None, ["algorithm.off_policy.correction=mis", "algorithm.off_policy.high=1.5"])
+    assert chosen.algorithm.correction(exact=False).correction == "mis"
+    with pytest.raises(ConfigError, match="tis_cap is the older spelling"):
+        load_config(None, ["algorithm.tis_cap=2", "algorithm.off_policy.correction=icepop"])
+    with pytest.raises(ConfigError, match="0 <= low < 1 < high"):
+        load_config(None, ["algorithm.off_policy.low=1.2"])
