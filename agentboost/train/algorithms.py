@@ -215,8 +215,8 @@ def off_policy_weights(
     if correction == "none":
         return OffPolicyWeights(torch.ones_like(ratio), nothing, nothing)
     if correction == "tis":
-        truncated = mask & (ratio > cap)
-        return OffPolicyWeights(ratio.clamp(max=cap), nothing, truncated)
+        weights = truncated_importance_weights(log_ratio, torch.zeros_like(log_ratio), cap)
+        return OffPolicyWeights(weights, nothing, mask & (ratio > cap))
     if correction == "mis":
         counts = mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
         sequence_ratio = torch.exp(log_ratio.sum(-1, keepdim=True) / counts)  # [B, 1]

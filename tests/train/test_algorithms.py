@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from agentboost.errors import ConfigError
 from agentboost.train import algorithms
 
 
@@ -208,3 +209,55 @@ def test_tokens_with_loss_mask_zero_get_exactly_zero_gradient():
         assert torch.isfinite(grad).all()
         assert torch.count_nonzero(grad[~mask]) == 0  # exactly zero, not just small
         assert grad[mask].abs().sum(-1).min() > 0  # and every generated token does get a gradient
+
+
+def _off_policy_case():
+    """Three sequences, log pi_old - log pi_rollout per token chosen by hand (the last column of rows 1
+    and 2 is off the mask, with a value that would matter if it leaked in)."""
+    ratios = torch.tensor([[3.0, 1.0, 0.25], [0.5, 2.0, 1e6], [4.0, 4.0, 1e-6]])
+    mask = torch.tensor([[True, True, True], [True, True, False], [True, True, False]])
+    rollout = torch.full((3, 3), -1.5)
+    return rollout + ratios.log(), rollout, mask
+
+
+def test_off_policy_tis_truncates_token_ratios_at_the_cap():
+    old, rollout, mask = _off_policy_case()
+    found = algorithms.off_policy_weights(old, rollout, mask, "tis", cap=2.0)
+    assert torch.allclose(found.weights[mask], torch.tensor([2.0, 1.0, 0.25, 0.5, 2.0, 2.0, 2.0]))
+    assert found.truncated.tolist() == [[True, False, False], [False, False, False], [True, True, False]]
+    assert not found.masked.any()
+
+
+def test_off_policy_mis_weighs_each_sequence_by_its_geometric_mean_ratio_and_masks_outside_the_band():
+    old, rollout, mask = _off_policy_case()
+    found = algorithms.off_policy_weights(old, rollout, mask, "mis", low=0.5, high=2.0)
+    first = (3.0 * 1.0 * 0.25) ** (1 / 3)  # 0.9086: inside [0.5, 2]
+    assert torch.allclose(found.weights[0], torch.full((3,), first))
+    assert torch.allclose(found.weights[1, :2], torch.ones(2))  # sqrt(0.5 * 2) = 1
+    assert found.weights[2].tolist() == [0.0, 0.0, 0.0]  # sqrt(4 * 4) = 4 > 2: the whole sequence masked
+    assert found.masked.tolist() == [[False] * 3, [False] * 3, [True, True, False]]
+    assert not found.truncated.any()
+
+
+def test_off_policy_icepop_masks_tokens_outside_the_band_and_weighs_the_rest_by_their_ratio():
+    old, rollout, mask = _off_policy_case()
+    found = algorithms.off_policy_weights(old, rollout, mask, "icepop", low=0.5, high=2.0)
+    assert torch.allclose(found.weights[mask], torch.tensor([0.0, 1.0, 0.0, 0.5, 2.0, 0.0, 0.0]))
+    assert found.masked.tolist() == [[True, False, True], [False, False, False], [True, True, False]]
+    none = algorithms.off_policy_weights(old, rollout, mask, "none")
+    assert torch.equal(none.weights, torch.ones(3, 3)) and not none.masked.any()
+    with pytest.raises(ConfigError, match="unknown off-policy correction"):
+        algorithms.off_policy_weights(old, rollout, mask, "seq")
+
+
+def test_ratio_quantiles_of_the_engine_trainer_gap():
+    found = algorithms.ratio_quantiles(
+        [torch.tensor([math.log(0.5), 0.0]), torch.tensor([0.0, math.log(2.0)])]
+    )
+    assert found["mismatch/ratio_min"] == pytest.approx(0.5)
+    assert found["mismatch/ratio_p50"] == pytest.approx(1.0)
+    assert found["mismatch/ratio_max"] == pytest.approx(2.0)
+    assert 1.0 < found["mismatch/ratio_p99"] < 2.0
+    assert algorithms.ratio_quantiles([]) == {
+        f"mismatch/ratio_{name}": 1.0 for name in ("min", "p01", "p50", "p99", "max")
+    }
