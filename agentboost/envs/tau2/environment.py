@@ -86,8 +86,8 @@ class Tau2Environment(Environment):
     """tau2-bench: ``domain`` airline | retail | mock, ``mode`` simulator | ticket, ``reward`` auto | tau2 |
     strict | toolrl (see :data:`REWARDS`). ``baselines`` (default on) records, beside every reward, what
     three scripted policies earn on the task under the same reward mode (do nothing; the gold's lookups
-    then a transfer; the gold plus a read of another customer's profile): computed once per task and
-    reward mode per process (:func:`agentboost.envs.tau2.baselines.baseline_rewards`).
+    then a transfer; the gold plus a read of another customer's profile): computed once per task per
+    process, every mode at once (:func:`agentboost.envs.tau2.baselines.baseline_rewards`).
 
     The simulated customer runs on the agent's own engine unless ``simulator_engine`` names another:
     an :class:`~agentboost.engines.base.Engine` object, or ``"sglang"`` / ``"vllm"`` with

@@ -126,7 +126,9 @@ def gold_profile(domain: Domain, tau2_task: Any) -> GoldProfile:
     environment = domain.task_environment(tau2_task)
     db = environment.tools.db
     customers = {user_id for user_id in getattr(db, "users", {}) if user_id in scenario_text(tau2_task)}
-    succeeding, refused, transfers = [], [], 0
+    succeeding: list[Any] = []
+    refused: list[Any] = []
+    transfers = 0
     actions = gold_actions(tau2_task)
     for index, action in enumerate(actions):
         call = message_types.ToolCall(
