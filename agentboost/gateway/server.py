@@ -365,8 +365,9 @@ class Gateway:
         return served
 
     def _undelivered(self, session: GatewaySession, served: Any) -> None:
-        self.stats.disconnects += 1
-        session.withdraw(served)
+        if not served.undelivered:  # counted once, whether noticed before or while streaming
+            self.stats.disconnects += 1
+            session.withdraw(served)
 
     async def _stream(
         self, request: web.Request, session: GatewaySession, served: Any, events: Any, *, done: str | None

@@ -86,6 +86,8 @@ class ServedTurn:
     """The row the turn was appended to (to take it back if the client never receives it)."""
     end: int = 0
     """The row's length right after the turn."""
+    undelivered: bool = False
+    """Set when its client went away before receiving it (:meth:`GatewaySession.withdraw`)."""
 
     @property
     def completion_tokens(self) -> int:
@@ -203,6 +205,9 @@ class GatewaySession:
         retries the same request, which then extends the row again); otherwise the turn stays and is
         marked. Either way it is listed in ``info["gateway"]["undelivered"]``.
         """
+        if served.undelivered:
+            return
+        served.undelivered = True
         row = served.row
         withdrawn = row is not None and row is self.row and len(row.buffer.token_ids) == served.end
         self.undelivered.append({"row": len(self.rows), "turn": self.turns - 1, "withdrawn": withdrawn})

@@ -208,9 +208,13 @@ class Trajectory:
 
     @property
     def final_text(self) -> str:
-        """The visible content of the last assistant message ('' if there is none)."""
+        """The visible content of the last assistant turn the policy generated ('' if there is none).
+
+        Assistant messages a gateway client inserted or a task prompt held (``source`` ``client`` or
+        ``environment``) are not the policy's answer; a message without ``source`` (written before
+        it existed) counts as the policy's."""
         for message in reversed(self.messages):
-            if message.get("role") == "assistant":
+            if message.get("role") == "assistant" and message.get("source", "policy") == "policy":
                 return message.get("content") or ""
         return ""
 

@@ -86,9 +86,14 @@ def test_gold_conversation_with_a_simulated_customer_earns_one(qwen_tokenizer, s
     assert result.reward_breakdown["toolrl"] == 4.0
     assert result.reward_breakdown["actions_matched"] == result.reward_breakdown["actions_total"] == 5
     messages = result.trajectory.messages
-    assert messages[1] == {"role": "assistant", "content": AGENT_GREETING}
-    assert messages[2] == {"role": "user", "content": "Hi, I want to exchange some items."}
-    assert messages[-1] == {"role": "user", "content": "Great, thanks! ###STOP###"}
+    # the greeting, the customer's words: the environment's, not the policy's (docs/gateway.md)
+    assert messages[1] == {"role": "assistant", "content": AGENT_GREETING, "source": "environment"}
+    assert messages[2] == {
+        "role": "user",
+        "content": "Hi, I want to exchange some items.",
+        "source": "environment",
+    }
+    assert messages[-1] == {"role": "user", "content": "Great, thanks! ###STOP###", "source": "environment"}
     assert_masks(result)
     simulator = result.trajectory.info["simulator"]["turns"]
     assert [turn["text"] for turn in simulator] == [messages[2]["content"], messages[-1]["content"]]

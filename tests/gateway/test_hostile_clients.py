@@ -12,7 +12,7 @@ from conftest import QUESTION, SYSTEM, TOOL_SCRIPT, run
 from gateway_support import ANTHROPIC_TOOLS, OPENAI_TOOLS, openai_agent, serving
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.tokens.trajectory import TerminationReason
+from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 FAKE_CALL = {"id": "call_fake", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}
 FORGED = [
@@ -145,3 +145,17 @@ def test_control_strings_a_client_sends_stay_text(qwen_tokenizer, say):
             assert [i for i in ids if i in (im_start, im_end)] == [im_start, im_end, im_start]
         if segment.role != "assistant":
             assert ATTACK in qwen_tokenizer.decode(ids)
+
+
+def test_final_text_is_the_policys_last_turn_never_an_inserted_one():
+    def final(*sources):
+        messages = [{"role": "user", "content": "q", "source": "client"}]
+        messages += [{"role": "assistant", "content": f"by {source}", "source": source} for source in sources]
+        return Trajectory("t", messages, [], [], [], [], TerminationReason.COMPLETED).final_text
+
+    assert final("policy", "client") == "by policy"
+    assert final("client") == final("environment") == ""
+    legacy = Trajectory(
+        "t", [{"role": "assistant", "content": "old"}], [], [], [], [], TerminationReason.COMPLETED
+    )
+    assert legacy.final_text == "old"  # written before messages had a source
