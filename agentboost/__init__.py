@@ -20,7 +20,8 @@ _PUBLIC: dict[str, str] = {
     "Environment": "agentboost.envs.base",
     "Episode": "agentboost.envs.base",
     "Task": "agentboost.envs.task",
-    "Reward": "agentboost.envs.base",
+    "Reward": "agentboost.outcomes",
+    "FailureRule": "agentboost.outcomes",
     "RewardFunction": "agentboost.envs.base",
     "UserTurn": "agentboost.agent.episode",
     "RolloutLimits": "agentboost.agent.limits",
@@ -31,7 +32,7 @@ _PUBLIC: dict[str, str] = {
     "run_rollouts": "agentboost.rollout.run",
     "run_rollouts_async": "agentboost.rollout.run",
     "RunSummary": "agentboost.rollout.runner",
-    "RolloutResult": "agentboost.envs.base",
+    "RolloutResult": "agentboost.outcomes",
     "read_results": "agentboost.rollout.results",
     "Trajectory": "agentboost.tokens.trajectory",
     "TerminationReason": "agentboost.tokens.trajectory",
@@ -59,6 +60,7 @@ __all__ = [
     "ConfigError",
     "Environment",
     "Episode",
+    "FailureRule",
     "Reward",
     "RewardFunction",
     "RolloutLimits",
@@ -109,12 +111,13 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agentboost.agent.limits import RolloutLimits
     from agentboost.engines.base import SamplingParams
     from agentboost.engines.factory import make_engine
-    from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult
+    from agentboost.envs.base import Environment, Episode, RewardFunction
     from agentboost.envs.registry import make_environment, register_environment
     from agentboost.envs.task import Task
     from agentboost.errors import AgentBoostError, ConfigError
     from agentboost.eval.evaluate import build_report, evaluate_run
     from agentboost.models.tokenizers import load_tokenizer
+    from agentboost.outcomes import FailureRule, Reward, RolloutResult
     from agentboost.rollout.results import read_results
     from agentboost.rollout.run import run_rollouts, run_rollouts_async
     from agentboost.rollout.runner import RunSummary

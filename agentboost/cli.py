@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentboost: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:
+        if error.errno == errno.EADDRINUSE:  # a server lost its port between the check and the bind
+            print(f"agentboost: error: {error.strerror}; pick another port", file=sys.stderr)
+            return 2
         if error.filename is None:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise

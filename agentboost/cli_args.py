@@ -87,6 +87,28 @@ def port(text: str) -> int:
     return value
 
 
+def claim_port(host: str, port: int, option: str = "--port") -> None:
+    """Fail with one line (ConfigError) when ``host:port`` cannot be listened on: checked before a
+    server loads its model, so a port in use costs a second, not a model load and a traceback."""
+    import socket
+
+    from agentboost.errors import ConfigError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {error.strerror or error}; pick another {option}"
+            ) from None
+
+
 def probability(text: str) -> float:
     """An argparse type: a probability in [0, 1]."""
     return number(minimum=0, maximum=1)(text)

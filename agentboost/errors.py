@@ -5,6 +5,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
 
     AgentBoostError
     ├── ConfigError (ValueError)          a setting, argument or data row is invalid
+    │   └── SettingsChangedError          a results file was written with other settings than its resume
     ├── CalculatorError (ValueError)      the calculator refuses an expression (the model reads why)
     ├── ModelNotFoundError (FileNotFoundError)
     ├── TokenizerError                    a tokenizer could not be built or loaded
@@ -28,6 +29,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     │       ├── EngineResponseError       a malformed or truncated answer
     │       ├── EngineRequestError        HTTP 4xx: the request itself is wrong (not retried)
     │       └── EngineRateLimitedError
+    ├── EngineContractError (TypeError)   an engine lacks a method of the protocol its caller needs
     ├── EnvironmentStepError              an environment step failed: the rollout ends `env_error`
     ├── UnscorableError                   no reward for a reason outside the policy's control (a judge
     │                                     down): the rollout is `unscorable`, run again on resume
@@ -52,6 +54,16 @@ class ConfigError(AgentBoostError, ValueError):
 
 class ModelNotFoundError(AgentBoostError, FileNotFoundError):
     """A model directory or package could not be found locally."""
+
+
+class SettingsChangedError(ConfigError):
+    """A results file (``agentboost rollout --out``, a training step's ``rollouts/step_N.jsonl``) was
+    written by a run with other settings than the one resuming it. ``differences`` lists each as
+    ``key: recorded -> current``."""
+
+    def __init__(self, message: str, *, differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
 
 
 class UserPathError(ConfigError):
@@ -96,6 +108,16 @@ class EnvironmentStepError(AgentBoostError):
 
 
 # --- engines -----------------------------------------------------------------------------
+
+
+class EngineContractError(AgentBoostError, TypeError):
+    """An engine lacks a method of the protocol its caller needs (:class:`~agentboost.engines.base.Engine`
+    for rollouts, :class:`~agentboost.engines.base.TrainableEngine` for the trainer); refused when
+    the engine is built, naming what is missing. ``missing`` lists the names."""
+
+    def __init__(self, message: str, *, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class EngineError(AgentBoostError):

@@ -35,14 +35,14 @@ from typing import Any
 import torch
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, OneBackend, SamplingParams
 from agentboost.engines.local import LocalEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.models.tokenizers import load_tokenizer
 from agentboost.models.weights import resolve_model
 
 
-class Recording:
+class Recording(OneBackend):
     """Wraps an engine and keeps every prompt it was asked to continue."""
 
     def __init__(self, engine: Any) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from agentboost.engines.base import OneBackend
 
-class RecordingEngine:
-    """Delegates to an engine and keeps a copy of every prompt it was sent."""
+
+class RecordingEngine(OneBackend):
+    """Delegates to an engine and keeps a copy of every prompt it was sent (rollouts bind to the recorder
+    itself, so every turn passes through it)."""
 
     def __init__(self, engine):
         self.engine = engine

@@ -112,7 +112,7 @@ def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_prin
     assert done.returncode == 0, done.stderr[-2000:]
     assert "limits per rollout:" in done.stderr and "timeout 2 s" in done.stderr
     [result] = list(read_results(tmp_path / "r.jsonl"))
-    assert result.trajectory.termination.value == "timeout"
+    assert result.trajectory.termination.value == "engine_timeout" and result.outcome.value == "failed"
     assert "before the engine answered once" in result.trajectory.termination_detail
 
 

@@ -170,7 +170,7 @@ async def run_agent(
                         f"next_user_message must return text, a UserTurn or None, got {turn!r:.200}"
                     )
                 if turn.ends_conversation:
-                    model.messages.append({"role": "user", "content": turn.content})
+                    model.messages.append({"role": "user", "content": turn.content, "source": "environment"})
                     stop.set(TerminationReason.USER_ENDED, turn.detail or "the user ended the conversation")
                     return
                 next_prompt = turn.content
@@ -184,11 +184,8 @@ async def run_agent(
                 await asyncio.wait_for(drive(), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             reason, detail = TerminationReason.TIMEOUT, f"the rollout ran past {limits.timeout_s} s"
-            if model.engine_s == 0.0:  # not one generation came back: the engine, not the model
-                detail += (
-                    " before the engine answered once (an overloaded machine or engine, or a timeout "
-                    "too short for it: raise --timeout or lower --concurrency)"
-                )
+            if model.turns == 0:  # not one generation came back: the engine's failure, not the policy's
+                reason, detail = TerminationReason.ENGINE_TIMEOUT, engine_timeout_detail(limits.timeout_s)
         except Exception as error:
             reason, detail = classify_error(error) or (
                 TerminationReason.AGENT_ERROR,
@@ -241,6 +238,14 @@ async def run_agent(
                 **(info or {}),
             },
         )
+
+
+def engine_timeout_detail(timeout_s: float | None) -> str:
+    """Why a rollout ended ``engine_timeout``, with the fix (the gateway's rollouts say the same)."""
+    return (
+        f"the rollout ran past {timeout_s} s before the engine answered once (an overloaded machine or "
+        "engine, or a timeout too short for it: raise --timeout or lower --concurrency)"
+    )
 
 
 def sampling_record(sampling: SamplingParams) -> dict[str, Any]:

@@ -203,13 +203,14 @@ class TokenModel(Model):
         self._tool_schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
         chat: list[Message] = []
         if system_prompt:
-            chat.append({"role": "system", "content": system_prompt})
+            chat.append({"role": "system", "content": system_prompt, "source": "environment"})
         for message in messages:
             if message["role"] not in ("user", "assistant"):
                 raise ConfigError(
                     f"a starting conversation holds user and assistant text, not {message['role']!r}"
                 )
-            chat.append({"role": message["role"], "content": _text_of(message["content"], message["role"])})
+            text = _text_of(message["content"], message["role"])
+            chat.append({"role": message["role"], "content": text, "source": "environment"})
         self.buffer = TokenBuffer(self.tokenizer, self.template, tools=tools)
         self.buffer.start(chat)
         self.messages = chat
@@ -268,6 +269,7 @@ class TokenModel(Model):
                     "tool_call_id": pending.tool_use_id,
                     "name": None if pending.error is not None else pending.name,
                     "content": content,
+                    "source": "environment",
                 }
                 if failed:
                     tool_message["error"] = True
@@ -275,7 +277,9 @@ class TokenModel(Model):
             if results:
                 raise ConfigError(f"tool results for unknown calls {sorted(results)}")
             if text_blocks:
-                new.append({"role": "user", "content": _text_of(text_blocks, "user")})
+                new.append(
+                    {"role": "user", "content": _text_of(text_blocks, "user"), "source": "environment"}
+                )
         self._consumed = len(messages)
         self._pending = []
         return new

@@ -55,6 +55,7 @@ class GeneratedTurn:
                 for call_id, call in zip(call_ids, self.tool_calls, strict=True)
             ]
         message["raw"] = self.raw
+        message["source"] = "policy"
         return message
 
 

@@ -15,6 +15,12 @@ calls ``engine.unbind(key)`` when it ends (:func:`bound` does both). Engines wit
 each rollout on one server (its prefix cache then holds the rollout's growing prompt); engines with one
 backend return themselves. The key names the rollout, not the task: the GRPO samples of one task are
 different rollouts and are routed independently.
+
+The trainer's engine meets :class:`TrainableEngine` as well: it serves the weights being trained
+(``sync_weights``, called by the trainer once, before each step's rollouts), gives memory back before an
+update (``release_memory``) and reports its prefix cache (``prefix_cache_stats``). Protocols are
+checked when an engine is built (:func:`check_engine`): a wrapper that forgets a method is refused there,
+by name, instead of failing (or silently losing its routing) in the middle of a run.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from agentboost.errors import ConfigError, InvalidGenerationError
+from agentboost.errors import ConfigError, EngineContractError, InvalidGenerationError
+
+if TYPE_CHECKING:
+    from agentboost.engines.prefix_cache import PrefixCacheStats
 
 FinishReason = Literal["stop", "length"]
 """``stop``: a stop token was generated (it is the last id). ``length``: ``max_new_tokens`` ran out."""
@@ -143,17 +152,104 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class TrainableEngine(Engine, Protocol):
+    """The trainer's engine: an :class:`Engine` whose weights are the ones being trained.
+
+    The trainer (:class:`~agentboost.train.trainer.Trainer`) calls, per step: :meth:`sync_weights` once
+    when its weights changed since the engine last loaded them (before the step's rollouts and before a
+    held-out evaluation), :meth:`prefix_cache_stats` around the rollouts, :meth:`release_memory` before
+    the update; :meth:`Engine.aclose` once at the end, in the event loop the rollouts ran in. Met by
+    :class:`~agentboost.engines.local.LocalEngine` (it shares the model object) and
+    :class:`~agentboost.engines.weight_sync.SyncedVLLMEngine` (it pushes the weights to vLLM servers).
+    """
+
+    def sync_weights(self) -> int:
+        """Serve the trainer's current weights from now on; returns the weight version now served
+        (1 after the first sync, +1 per sync). Raises
+        :class:`~agentboost.engines.weight_sync.WeightSyncError` (with its cause) when the engine cannot
+        take them: the trainer's step fails with it, once."""
+        ...
+
+    def release_memory(self) -> None:
+        """Give back what the engine rebuilds on demand (cached prefixes, packed weights) before an
+        update needs the memory. Never closes the engine."""
+        ...
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """A snapshot of the prefix cache's counters (all zero when the cache is elsewhere, e.g. vLLM's)."""
+        ...
+
+
+class OneBackend:
+    """Mixin for engines with a single backend: :meth:`bind` returns the engine itself (nothing to keep
+    per rollout), :meth:`unbind` forgets nothing, :meth:`aclose` has nothing to release. Override
+    what the engine does hold."""
+
+    def bind(self, rollout: RolloutKey) -> Any:
+        return self
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def protocol_members(protocol: type) -> tuple[str, ...]:
+    """The public methods and properties ``protocol`` and the protocols it extends declare, sorted."""
+    names: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass is object or not getattr(klass, "_is_protocol", False) or klass is Protocol:
+            continue
+        names.update(name for name in vars(klass) if not name.startswith("_"))
+    return tuple(sorted(names))
+
+
+E = TypeVar("E")
+
+
+def check_engine(engine: E, protocol: type = Engine) -> E:
+    """``engine`` if it has every method and property of ``protocol`` (:class:`Engine` by default,
+    :class:`TrainableEngine` for the trainer); else :class:`~agentboost.errors.EngineContractError`
+    naming what it lacks. Called where engines are built (the engine factory, the trainer) and by
+    :func:`bound`, so a wrapper that forgets a method fails at once, by name."""
+    kind = type(engine)
+    if (kind, protocol) in _CHECKED:
+        return engine
+    missing = []
+    for name in protocol_members(protocol):
+        declared = getattr(protocol, name)
+        found = getattr(engine, name, _MISSING)
+        if found is _MISSING or (not isinstance(declared, property) and not callable(found)):
+            missing.append(name)
+    if missing:
+        raise EngineContractError(
+            f"{kind.__qualname__} does not meet the {protocol.__name__} protocol "
+            f"(agentboost/engines/base.py): it lacks {', '.join(missing)}. An engine that wraps another "
+            "must forward every method; engines with one backend can inherit "
+            "agentboost.engines.base.OneBackend for bind, unbind and aclose.",
+            missing=tuple(missing),
+        )
+    _CHECKED.add((kind, protocol))
+    return engine
+
+
+_MISSING = object()
+_CHECKED: set[tuple[type, type]] = set()
+"""(engine class, protocol) pairs found complete: :func:`bound` checks once per class, not per rollout.
+(An engine that gains a method per instance is checked by instance the first time only.)"""
+
+
 @contextmanager
 def bound(engine: Engine, rollout: RolloutKey) -> Iterator[Engine]:
     """``engine.bind(rollout)`` for the duration of a ``with`` block, unbound when the block ends.
 
-    An engine written before ``bind`` joined the protocol (no ``bind`` method) serves the rollout itself.
+    The engine must meet :class:`Engine` (:func:`check_engine`): an engine without ``bind`` is refused
+    with :class:`~agentboost.errors.EngineContractError`, never served unbound (that hid a wrapper that
+    lost its servers' per-rollout routing).
     """
-    bind = getattr(engine, "bind", None)
-    if bind is None:
-        yield engine
-        return
-    view = bind(rollout)
+    view = check_engine(engine).bind(rollout)
     try:
         yield view
     finally:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from agentboost.engines.base import Engine
+from agentboost.engines.base import Engine, check_engine
 from agentboost.errors import ConfigError
 
 ENGINE_KINDS = ("local", "sglang", "vllm")
@@ -15,7 +15,8 @@ ENGINE_KINDS = ("local", "sglang", "vllm")
 def make_engine(
     kind: str, *, model: str, urls: Sequence[str] = (), retries: int | None = None, **options: Any
 ) -> Engine:
-    """Build an engine. Remote kinds need ``urls``; ``local`` loads ``model`` in this process.
+    """Build an engine, checked against the :class:`Engine` protocol (:func:`check_engine`). Remote kinds
+    need ``urls``; ``local`` loads ``model`` in this process.
 
     ``retries=0`` (``--retries 0``) also turns off the remote client's own HTTP retries: no request is
     sent twice. Other values leave the client's retry policy as it is.
@@ -25,7 +26,7 @@ def make_engine(
             raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
         from agentboost.engines.local import LocalEngine
 
-        return LocalEngine.from_pretrained(model, **options)
+        return check_engine(LocalEngine.from_pretrained(model, **options))
     if kind not in ENGINE_KINDS:
         raise ConfigError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
     if not urls:
@@ -37,10 +38,10 @@ def make_engine(
     if kind == "sglang":
         from agentboost.engines.sglang import SGLangEngine
 
-        return SGLangEngine(list(urls), **options)
+        return check_engine(SGLangEngine(list(urls), **options))
     from agentboost.engines.vllm import VLLMEngine
 
-    return VLLMEngine(list(urls), **options)
+    return check_engine(VLLMEngine(list(urls), **options))
 
 
 async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.0) -> None:

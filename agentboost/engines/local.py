@@ -65,6 +65,7 @@ from agentboost.engines.packed_linear import Linears, PackedLinears, onednn_supp
 from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import GLIBC_MMAP_THRESHOLD_MAX, large_blocks_from_heap, trim_heap
+from agentboost.models import precision as precision_module
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class LocalEngine:
         onednn_linears: bool = True,
         native_attention: bool = True,
         direct_forward: bool = True,
+        precision: precision_module.Precision | None = None,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -148,6 +150,13 @@ class LocalEngine:
             raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables it), got {prefix_cache_bytes}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        # what the forward passes compute in (None: the weights' dtype); the trainer passes its own policy
+        # so the engine samples with the numerics the trainer recomputes with (bfloat16 autocast on CUDA)
+        self.precision = precision or precision_module.of_model(model)
+        if not self.precision.exact:  # the CPU float32 fast paths below compute in float32: not these
+            direct_forward = onednn_linears = False
+        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._decoder, self._head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name or getattr(model.config, "name_or_path", "model")
@@ -179,6 +188,7 @@ class LocalEngine:
         self._weights_epoch = 0  # bumped by weights_updated() and by detected parameter changes
         self._cache_epoch = 0  # the epoch the prefix cache's entries belong to
         self._fingerprint = self._weights_fingerprint()
+        self.weight_version = 0  # counted by sync_weights(), the trainer's hook
         self._logits_to_keep = True  # pass logits_to_keep=1 while the model accepts it
         self._cache_argument = _cache_argument(model)
         # one-token steps attend with grouped query heads instead of a per-head copy of the cache, in the
@@ -187,6 +197,8 @@ class LocalEngine:
         # decode steps without transformers' module machinery, for the model families it knows (checked
         # against transformers' forward before its first use)
         self.direct_forward_reason = None if direct_forward else "direct_forward=False"
+        if not self.precision.exact:
+            self.direct_forward_reason = f"float32 only ({self.precision.describe()})"
         if self.direct_forward_reason is None:
             self.direct_forward_reason = direct_forward_module.unsupported_reason(model)
         self._direct = None
@@ -211,20 +223,26 @@ class LocalEngine:
         *,
         device: str | None = None,
         dtype: torch.dtype | str | None = None,
+        compute_dtype: torch.dtype | str | None = None,
         **engine_options: Any,
     ) -> LocalEngine:
-        """Load any causal LM (hub id or local directory; ``smollm2-135m-instruct`` is the default)."""
+        """Load any causal LM (hub id or local directory; ``smollm2-135m-instruct`` is the default).
+
+        ``dtype`` / ``compute_dtype`` (None: ``auto``) follow :mod:`agentboost.models.precision` for a
+        model that is served, not trained: bfloat16 weights and compute on a CUDA GPU, float32 on CPU.
+        """
         from transformers import AutoModelForCausalLM
 
         from agentboost.models.weights import quiet_loading, resolve_model
 
         path = resolve_model(name_or_path)
         quiet_loading()
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dtype is None:
-            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-        return cls(model, name=str(name_or_path), **engine_options)
+        device = device or precision_module.default_device()
+        precision = precision_module.resolve_precision(
+            precision_module.setting(dtype), precision_module.setting(compute_dtype), device, trains=False
+        )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=precision.weights).to(device)
+        return cls(model, name=str(name_or_path), precision=precision, **engine_options)
 
     @property
     def context_length(self) -> int | None:
@@ -280,6 +298,14 @@ class LocalEngine:
         """
         with self._wake:
             self._weights_epoch += 1
+
+    def sync_weights(self) -> int:
+        """The trainer's sync (:class:`~agentboost.engines.base.TrainableEngine`): this engine holds the
+        very model object being trained, so it serves its current weights already; the sync drops the
+        prefixes cached with the old ones (:meth:`weights_updated`) and returns the new version."""
+        self.weights_updated()
+        self.weight_version += 1
+        return self.weight_version
 
     def release_memory(self) -> None:
         """Drop what the engine rebuilds on demand, for code that shares the model with other work (an
@@ -488,6 +514,12 @@ class LocalEngine:
             return self._model_forward(**inputs)
 
     def _model_forward(self, **inputs: Any) -> Any:
+        if not self.precision.exact:
+            # the decoder under the policy's autocast (entered per pass: its weight casts must not outlive
+            # an optimizer step), then the last position's logits in float32, as the trainer takes them
+            with self.precision.autocast():
+                hidden = self._decoder(**inputs).last_hidden_state[:, -1:, :]  # [B, 1, H]
+            return _Logits(precision_module.head_logits(self._head, hidden))  # logits [B, 1, V] float32
         if self._logits_to_keep:
             try:
                 return self.model(**inputs, logits_to_keep=1)
@@ -887,6 +919,13 @@ class LocalEngine:
     def _use_batch(self, kv: Any) -> None:
         self._batch_kv, self._cache, self._mask = kv, kv.layers(), kv.mask()
         self._trim_due = True
+
+
+@dataclass
+class _Logits:
+    """The part of a transformers output the engine reads."""
+
+    logits: torch.Tensor
 
 
 def _cache_argument(model: Any) -> str:

@@ -83,6 +83,9 @@ def faults_from_args(args: argparse.Namespace) -> FaultConfig | None:
 def run_serve(args: argparse.Namespace) -> int:
     """The ``serve`` command: load the model, serve until interrupted. Returns the exit status."""
     try:
+        from agentboost.cli_args import claim_port
+
+        claim_port(args.host, args.port)  # before the model loads
         faults = faults_from_args(args)
         from agentboost.engines.local import LocalEngine
         from agentboost.models.weights import DEFAULT_MODEL
@@ -176,6 +179,9 @@ def run_serve_vllm(args: argparse.Namespace) -> int:
     from agentboost.models.weights import DEFAULT_MODEL, resolve_model
 
     try:
+        from agentboost.cli_args import claim_port
+
+        claim_port(args.host, args.port)  # before the model is pulled or vLLM starts
         model = resolve_model(args.model or DEFAULT_MODEL)
         extra = [item for item in args.extra if item != "--"]
         server = VLLMServer(

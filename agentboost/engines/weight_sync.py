@@ -13,7 +13,8 @@ mode (``VLLM_SERVER_DEV_MODE=1``; ``agentboost serve-vllm --weight-sync``):
    it logprobs were 0.11 off both models), ``POST /resume``.
 
 :attr:`WeightSync.version` counts the pushes; rollouts are tagged with the version that produced them
-and a trainer refuses rollouts of an older version (:meth:`WeightSync.check_fresh`).
+and a trainer refuses rollouts of an older version (:meth:`WeightSync.check_fresh`). The trainer pushes
+through :meth:`SyncedVLLMEngine.sync_weights`, once per step whose weights changed, before its rollouts.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.engines.transport import error_message, normalize_urls
 from agentboost.engines.vllm_server import WORKER_EXTENSION_DIR
 from agentboost.errors import AgentBoostError, RemoteEngineError
+
+if TYPE_CHECKING:
+    from agentboost.engines.prefix_cache import PrefixCacheStats
 
 RELOAD_METHOD = "agentboost_reload_weights"
 """The worker method a push calls (``agentboost/engines/vllm_worker/agentboost_vllm_worker.py``)."""
@@ -156,54 +161,102 @@ class WeightSync:
 
 
 class SyncedVLLMEngine:
-    """The trainer's rollout engine when rollouts come from vLLM servers: the trainer's hook.
+    """The trainer's engine when rollouts come from vLLM servers: a
+    :class:`~agentboost.engines.base.TrainableEngine` over a :class:`~agentboost.engines.vllm.VLLMEngine`.
 
-    It serves the trainer as :class:`~agentboost.engines.local.LocalEngine` does (``generate``,
-    ``weights_updated``, ``prefix_cache_stats``, ``close``). ``weights_updated`` only marks the weights
-    changed; the first generation after it pushes them (once, however many optimizer steps came
-    before), so every rollout of a step comes from the weights the step starts with. Each generation
-    carries ``metrics["weight_version"]``; one that straddled a push is refused (:class:`StaleRolloutError`).
+    :meth:`sync_weights` pushes the trainer's weights to every server (:class:`WeightSync`); the trainer
+    calls it once, before a step's rollouts, whenever its weights changed, so a refused push is one
+    :class:`WeightSyncError` for the step, not a failure in each rollout. Rollouts generate through
+    :meth:`bind`, which keeps each rollout on one server (its prefix cache holds the rollout's growing
+    prompt). Each generation carries ``metrics["weight_version"]``; one that straddled a push is refused
+    (:class:`StaleRolloutError`). :meth:`aclose` closes the connection pool.
     """
 
-    def __init__(self, urls: str | Sequence[str], model: Any, directory: str | Path) -> None:
+    def __init__(
+        self, urls: str | Sequence[str], model: Any, directory: str | Path, *, timeout_s: float = 600.0
+    ) -> None:
+        from agentboost.engines.base import TrainableEngine, check_engine
         from agentboost.engines.vllm import VLLMEngine
 
         self.model = model
-        self.sync = WeightSync(urls, directory)
+        self.sync = WeightSync(urls, directory, timeout_s=timeout_s)
         self.engine = VLLMEngine(self.sync.urls)
-        self._dirty = True  # the servers may hold other weights than the trainer's start: push first
-        self._locks: dict[Any, Any] = {}
+        check_engine(self, TrainableEngine)
 
     @property
     def context_length(self) -> int | None:
         return self.engine.context_length
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Any, *, max_new_tokens: int) -> Any:
-        import asyncio
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        """Generate on the least-loaded server (rollouts generate through :meth:`bind` instead)."""
+        return await self._tagged(self.engine, prompt_ids, sampling, max_new_tokens)
 
-        loop = asyncio.get_running_loop()
-        if loop not in self._locks:  # the trainer runs one event loop per collection
-            self._locks = {loop: asyncio.Lock()}
-        async with self._locks[loop]:
-            if self._dirty:
-                await asyncio.to_thread(self.sync.push, self.model)
-                self._dirty = False
-        version = self.sync.version
-        generation = await self.engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
-        self.sync.check_fresh(version)
-        generation.metrics["weight_version"] = float(version)
-        return generation
+    def bind(self, rollout: RolloutKey) -> _SyncedView:
+        """A view that keeps ``rollout`` on one server (:meth:`RemoteEngine.bind`), its generations tagged."""
+        return _SyncedView(self, self.engine.bind(rollout))
 
-    def weights_updated(self) -> None:
-        self._dirty = True
+    def unbind(self, rollout: RolloutKey) -> None:
+        self.engine.unbind(rollout)
+
+    def server_for(self, rollout: RolloutKey) -> str | None:
+        """The server ``rollout`` is bound to (None before its first request or after unbind)."""
+        return self.engine.server_for(rollout)
+
+    def sync_weights(self) -> int:
+        """Push the trainer's weights to every server now; returns the new version. Blocking: call it
+        outside the rollouts' event loop. Raises :class:`WeightSyncError` naming the server and cause."""
+        return self.sync.push(self.model)
 
     def release_memory(self) -> None:
-        """Nothing held in this process between rollouts (the trainer calls it before each update)."""
+        """Nothing held in this process between rollouts."""
 
-    def prefix_cache_stats(self) -> Any:
+    def prefix_cache_stats(self) -> PrefixCacheStats:
         from agentboost.engines.prefix_cache import PrefixCacheStats
 
         return PrefixCacheStats()  # vLLM keeps its own prefix cache; it reports no counters here
 
-    def close(self) -> None:
-        """Nothing to release: each event loop's connections are dropped with it."""
+    async def aclose(self) -> None:
+        """Close the connection pool (call it in the event loop the rollouts ran in)."""
+        await self.engine.aclose()
+
+    async def _tagged(
+        self, engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
+    ) -> Generation:
+        version = self.sync.version
+        generation: Generation = await engine.generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
+        self.sync.check_fresh(version)
+        generation.metrics["weight_version"] = float(version)
+        return generation
+
+
+class _SyncedView:
+    """One rollout's view of a :class:`SyncedVLLMEngine`: its server kept, its generations tagged."""
+
+    def __init__(self, owner: SyncedVLLMEngine, view: Any) -> None:
+        self.owner = owner
+        self.view = view
+
+    @property
+    def context_length(self) -> int | None:
+        return self.owner.context_length
+
+    @property
+    def server_url(self) -> str | None:
+        return self.view.server_url
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        return await self.owner._tagged(self.view, prompt_ids, sampling, max_new_tokens)
+
+    def bind(self, rollout: RolloutKey) -> _SyncedView:
+        return self.owner.bind(rollout)
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        self.owner.unbind(rollout)
+
+    async def aclose(self) -> None:
+        """Release this rollout's binding only (the engine stays open)."""
+        await self.view.aclose()

@@ -38,9 +38,7 @@ import logging
 import math
 import traceback
 import warnings
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentboost.agent.episode import StopSignal, UserTurn, run_agent
@@ -48,6 +46,17 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, UnscorableError
+from agentboost.outcomes import (
+    DEFAULT_FAILURE_RULE,
+    REWARD_ERROR,
+    FailureRule,
+    Outcome,
+    Reward,
+    RewardFailure,
+    RolloutResult,
+    rollout_result,
+)
+from agentboost.tables import Table
 from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.tokenizer import Tokenizer, tokenizer_of
@@ -56,41 +65,21 @@ from agentboost.tokens.trajectory import TerminationReason, Trajectory
 if TYPE_CHECKING:
     from strands.types.content import Messages
 
-    from agentboost.eval.stats import Table
-
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "REWARD_ERROR",
     "Environment",
     "Episode",
+    "FailureRule",
     "Outcome",
     "Reward",
+    "RewardFailure",
     "RewardFunction",
     "RolloutResult",
     "Task",
     "UserTurn",
 ]
-
-
-@dataclass
-class Reward:
-    """A reward with the parts it was made of.
-
-    ``breakdown`` holds numbers that reports aggregate (``{"correct": 1.0, "format": 0.2}``); ``info``
-    holds other JSON facts about how the reward was reached (``{"first_failure_status": "timeout"}``).
-    """
-
-    value: float
-    breakdown: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RewardFailure:
-    """Why :meth:`Environment.score` has no reward: the error text, and whether it was unscorable."""
-
-    detail: str
-    unscorable: bool
 
 
 class RewardFunction:
@@ -149,102 +138,6 @@ class Episode:
         self.stop_signal.set(TerminationReason.ENV_STOPPED, detail)
 
 
-class Outcome(str, Enum):
-    """What a rollout's reward is worth to a report or a trainer: every rollout is exactly one."""
-
-    SCORED = "scored"
-    """A reward was computed. Whatever the policy wrote ends here (a malformed answer scores 0)."""
-    UNSCORABLE = "unscorable"
-    """The reward could not be computed for a reason outside the policy's control: the reward raised
-    :class:`~agentboost.errors.UnscorableError` (a judge down, a simulated user that broke)."""
-    FAILED = "failed"
-    """Infrastructure failed: the engine, a worker, the environment (a failed termination), or the
-    reward function itself raised another exception, which is a bug in the environment
-    (:attr:`RolloutResult.failure` ``reward_error``)."""
-
-
-REWARD_ERROR = "reward_error"
-"""The failure reason of a rollout whose reward function raised (a bug in the environment)."""
-
-
-@dataclass
-class RolloutResult:
-    """One rollout of one task: its trajectory and its reward (or why the reward failed).
-
-    The result owns the reward: a trajectory holds tokens and messages only. :attr:`outcome` says
-    whether it was scored, unscorable or failed; only scored rollouts carry a reward.
-    """
-
-    task_id: str
-    sample: int
-    trajectory: Trajectory
-    reward: float | None
-    """None when no reward was computed (a failed rollout or reward function); see ``reward_error``."""
-    reward_breakdown: dict[str, float] = field(default_factory=dict)
-    reward_info: dict[str, Any] = field(default_factory=dict)
-    reward_error: str | None = None
-    attempts: int = 1
-    """How many times the rollout ran (retryable failures are run again by the runner)."""
-    unscorable: bool = False
-    """The reward raised :class:`~agentboost.errors.UnscorableError` (see :attr:`outcome`)."""
-
-    @property
-    def termination(self) -> TerminationReason:
-        return self.trajectory.termination
-
-    @property
-    def outcome(self) -> Outcome:
-        """Scored, unscorable or failed (the one rule every report and trainer reads)."""
-        if self.termination.failed:
-            return Outcome.FAILED
-        if self.reward is not None:
-            return Outcome.SCORED
-        return Outcome.UNSCORABLE if self.unscorable else Outcome.FAILED
-
-    @property
-    def failure(self) -> str | None:
-        """Why a failed rollout failed: its termination (``engine_error``...) or ``reward_error``."""
-        if self.termination.failed:
-            return self.termination.value
-        if self.reward is None and not self.unscorable:
-            return REWARD_ERROR
-        return None
-
-    @property
-    def failed(self) -> bool:
-        """Not scored (failed or unscorable): the sample carries no reward; resume runs it again."""
-        return self.outcome is not Outcome.SCORED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "sample": self.sample,
-            "reward": self.reward,
-            "reward_breakdown": self.reward_breakdown,
-            "reward_info": self.reward_info,
-            "reward_error": self.reward_error,
-            "attempts": self.attempts,
-            "outcome": self.outcome.value,
-            "failure": self.failure,
-            "termination": self.termination.value,
-            "trajectory": self.trajectory.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RolloutResult:
-        return cls(
-            task_id=data["task_id"],
-            sample=int(data["sample"]),
-            trajectory=Trajectory.from_dict(data["trajectory"]),
-            reward=data.get("reward"),
-            reward_breakdown=dict(data.get("reward_breakdown") or {}),
-            reward_info=dict(data.get("reward_info") or {}),
-            reward_error=data.get("reward_error"),
-            attempts=int(data.get("attempts", 1)),
-            unscorable=data.get("outcome") == Outcome.UNSCORABLE.value,
-        )
-
-
 class Environment:
     """Subclass it: set ``name`` and ``system_prompt`` (and ``limits``); implement ``tasks`` and
     ``reward`` (or set ``reward_fn``); override the lifecycle methods an environment needs."""
@@ -259,6 +152,10 @@ class Environment:
     """Tool-call format (see :mod:`agentboost.tokens.parsers`)."""
     reward_fn: RewardFunction | None = None
     """The reward used by the default :meth:`reward`."""
+    failure_rule: FailureRule = DEFAULT_FAILURE_RULE
+    """Which failed endings are the policy's and what they score (default: an ``agent_error`` after the
+    policy generated scores 0.0; every other failure is infrastructure's and masked). See
+    :class:`~agentboost.outcomes.FailureRule`."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -331,7 +228,7 @@ class Environment:
     ) -> list[Table]:
         """Tables about this environment's own rollouts, added to ``agentboost stats``, ``eval`` and
         ``view`` after the tables every environment gets (build them with
-        :class:`~agentboost.eval.stats.Table`; give them a ``section`` heading). ``summary`` is the
+        :class:`~agentboost.tables.Table`; give them a ``section`` heading). ``summary`` is the
         report's summary, to which an environment may add its own entry; ``test_tool`` names the
         tool(s) that run tests (``--test-tool``, else the tools that record a status). Default: none.
         """
@@ -436,15 +333,8 @@ class Environment:
                 strands_messages=episode.messages,
             )
             trajectory.info.update(episode.info)
-            if trajectory.termination.failed:
-                return RolloutResult(
-                    task.id,
-                    sample,
-                    trajectory,
-                    None,
-                    reward_error=f"no reward: the rollout ended "
-                    f"{trajectory.termination.value} ({trajectory.termination_detail})",
-                )
+            if trajectory.termination.failed:  # masked, or scored by the failure rule if the policy's
+                return rollout_result(trajectory, sample=sample, failure_rule=self.failure_rule)
             reward = await self.score(trajectory, episode)
             if isinstance(reward, RewardFailure):
                 unscorable = reward.unscorable
@@ -492,15 +382,5 @@ def _unscored(
     task: Task, sample: int, reason: TerminationReason, detail: str, info: dict[str, Any]
 ) -> RolloutResult:
     """The result of a rollout that never reached the agent."""
-    trajectory = Trajectory(
-        task_id=task.id,
-        messages=[],
-        token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        segments=[],
-        termination=reason,
-        termination_detail=detail,
-        info=info,
-    )
+    trajectory = Trajectory.empty(task.id, reason, detail, info=info)
     return RolloutResult(task.id, sample, trajectory, None, reward_error=f"no reward: {detail}")

@@ -22,7 +22,7 @@ from agentboost.engines.base import Engine, SamplingParams
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.eval.passk import pass_table, task_counts
-from agentboost.eval.stats import gateway_drift, tool_usage_stats
+from agentboost.eval.stats import gateway_drift, policy_failures_note, tool_usage_stats
 from agentboost.rollout.outcomes import MEAN_REWARD_DEFINITION
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.run import PreparedRun
@@ -77,12 +77,14 @@ def build_report(
         "scored": summary["scored"],
         "unscored": summary["unscored"],
         "unscorable": summary["unscorable"],
+        "policy_failures": summary["policy_failures"],
         "failed": summary["failed"],
         "failures": summary["failures"],
         "coverage": summary["coverage"],
         "mean_reward_definition": MEAN_REWARD_DEFINITION,
         "mean_reward": summary["mean_reward"],
         "do_nothing_baseline": _breakdown_mean(results, "do_nothing_baseline"),
+        **{key: _breakdown_mean(results, key) for key in _baseline_keys(results)},
         "success_rate": summary["success_rate"],
         "pass@k": {str(k): value for k, value in table["pass@k"].items()},
         "pass^k": {str(k): value for k, value in table["pass^k"].items()},
@@ -108,6 +110,18 @@ def build_report(
         "stats": stats.to_dict(),
         **({"gateway": drift} if (drift := gateway_drift(results)) is not None else {}),
     }
+
+
+BASELINE_SUFFIX = "_baseline"
+"""A reward-breakdown part named ``<policy>_baseline`` is what a scripted ``policy`` earns on the same
+task under the same reward (tau2 records three): reports print its mean beside the mean reward."""
+
+
+def _baseline_keys(results: Sequence[RolloutResult]) -> list[str]:
+    """The breakdown's baseline parts, in the order the rollouts record them."""
+    return list(
+        dict.fromkeys(key for r in results for key in r.reward_breakdown if key.endswith(BASELINE_SUFFIX))
+    )
 
 
 def _breakdown_mean(results: Sequence[RolloutResult], key: str) -> float | None:
@@ -225,7 +239,8 @@ def summary_text(report: Mapping[str, Any]) -> str:
     mark = "*" if incomplete else ""
     failures = ", ".join(f"{reason} {count}" for reason, count in (report.get("failures") or {}).items())
     outcomes = (
-        f"{scored} scored, {report.get('unscorable', 0)} unscorable, "
+        f"{scored} scored" + policy_failures_note(report.get("policy_failures")) + ", "
+        f"{report.get('unscorable', 0)} unscorable, "
         f"{report.get('failed', rollouts - scored)} failed" + (f" ({failures})" if failures else "")
     )
 
@@ -239,9 +254,12 @@ def summary_text(report: Mapping[str, Any]) -> str:
             )
         return f"{family}  " + "  ".join(cells)
 
-    baseline = ""
-    if report.get("do_nothing_baseline") is not None:  # the environment records one (tau2)
-        baseline = f" (a do-nothing policy: {_number(report['do_nothing_baseline'])})"
+    baselines = [  # the environment records them (tau2): scripted policies on the same tasks
+        f"{key[: -len(BASELINE_SUFFIX)].replace('_', '-')} {_number(value)}"
+        for key, value in report.items()
+        if key.endswith(BASELINE_SUFFIX) and value is not None
+    ]
+    baseline = f" (baselines: {', '.join(baselines)})" if baselines else ""
     lines = [
         f"{head}: {report['tasks']} tasks x {report['samples']} samples = {rollouts} rollouts "
         f"({outcomes}); success = reward >= {report['threshold']:g}",

@@ -4,8 +4,9 @@ Every number comes from recorded fields, never from the text: ``termination``, `
 ``tool_calls``, tool results' ``name`` / ``error`` / ``metadata.status`` (what the tool itself
 recorded, e.g. a test run's ``passed`` or ``wrong_output``) and segments' ``parse_errors``. An
 environment adds tables about its own rollouts with :meth:`Environment.report_tables` (the coding
-environment's submissions and tests: :mod:`agentboost.envs.coding.report`); ``bucket``, ``ranked``,
-``share`` and ``group_rows`` are the helpers such tables use. Table meanings: docs/evaluation.md.
+environment's submissions and tests: :mod:`agentboost.envs.coding.report`), built with the table kit
+in :mod:`agentboost.tables` (its names are importable from here too). Table meanings:
+docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -16,49 +17,35 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentboost.envs.base import RolloutResult
-from agentboost.rollout.outcomes import reward_summary
+from agentboost.outcomes import RolloutResult, reward_summary
+from agentboost.tables import (
+    CALL_BUCKETS,
+    GROUP_COLUMNS,
+    Table,
+    bucket,
+    cell_text,
+    group_rows,
+    ranked,
+    reward_info,
+    share,
+    tool_results,
+)
 
-CALL_BUCKETS = ("0", "1", "2", "3", "4", "5-9", "10+")
-
-
-@dataclass
-class Table:
-    """One table: a stable ``name`` (the JSON key), a title, column names and rows."""
-
-    name: str
-    title: str
-    columns: list[str]
-    rows: list[list[Any]]
-    note: str | None = None
-    section: str | None = None
-    """The heading it appears under in Markdown (an environment's own tables: e.g. ``Coding``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"title": self.title, "columns": self.columns, "rows": self.rows}
-        if self.note:
-            data["note"] = self.note
-        return data
-
-    def to_markdown(self) -> str:
-        lines = [f"### {self.title}", ""]
-        if self.note:
-            lines += [self.note, ""]
-        lines.append("| " + " | ".join(self.columns) + " |")
-        lines.append("| " + " | ".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + " |")
-        for row in self.rows:
-            lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
-        if not self.rows:
-            lines.append("| (none) |" + " |" * (len(self.columns) - 1))
-        return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+__all__ = [
+    "CALL_BUCKETS",
+    "GROUP_COLUMNS",
+    "Stats",
+    "Table",
+    "bucket",
+    "environment_tables",
+    "gateway_drift",
+    "group_rows",
+    "ranked",
+    "reward_info",
+    "share",
+    "tool_results",
+    "tool_usage_stats",
+]
 
 
 @dataclass
@@ -82,12 +69,14 @@ class Stats:
         failures = ", ".join(f"{reason} {count}" for reason, count in summary["failures"].items())
         mark = "*" if summary["scored"] < summary["rollouts"] else ""
         head = (
-            f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored, "
+            f"{summary['rollouts']} rollouts of {summary['tasks']} tasks: {summary['scored']} scored"
+            + policy_failures_note(summary.get("policy_failures"))
+            + ", "
             f"{summary['unscorable']} unscorable, {summary['failed']} failed"
             + (f" ({failures})" if failures else "")
-            + f"; mean reward {_cell(summary['mean_reward'])}{mark}, success rate "
-            f"{_cell(summary['success_rate'])}{mark} (reward >= {summary['threshold']:g}; over scored "
-            f"rollouts, coverage {_cell(summary['coverage'])})"
+            + f"; mean reward {cell_text(summary['mean_reward'])}{mark}, success rate "
+            f"{cell_text(summary['success_rate'])}{mark} (reward >= {summary['threshold']:g}; over scored "
+            f"rollouts, coverage {cell_text(summary['coverage'])})"
         )
         parts = ["## Rollout statistics", "", head]
         section = None
@@ -102,23 +91,8 @@ class Stats:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
 
 
-def bucket(count: int) -> str:
-    if count < 5:
-        return str(count)
-    return "5-9" if count < 10 else "10+"
-
-
-def ranked(counter: Mapping[str, int]) -> list[tuple[str, int]]:
-    """Most frequent first; ties in name order (so tables do not depend on file order)."""
-    return sorted(counter.items(), key=lambda item: (-item[1], item[0]))
-
-
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def share(part: int, whole: int) -> float | None:
-    return part / whole if whole else None
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -129,66 +103,6 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def reward_info(result: RolloutResult) -> Mapping[str, Any]:
-    """Non-numeric reward facts (e.g. a coding reward's first failure status), when recorded."""
-    return getattr(result, "reward_info", None) or {}
-
-
-def tool_results(result: RolloutResult) -> list[dict[str, Any]]:
-    """Every tool result of a rollout, as (name, status, error, latency) facts.
-
-    ``status`` is what the tool recorded in ``metadata["status"]``, else ``error`` / ``ok`` from
-    the result's error flag. Results of tool calls that could not be parsed have ``name`` None.
-    """
-    facts = []
-    for message in result.trajectory.messages:
-        if message.get("role") != "tool":
-            continue
-        metadata = message.get("metadata") or {}
-        error = bool(message.get("error"))
-        status = metadata.get("status") if isinstance(metadata, Mapping) else None
-        latency = None
-        if isinstance(metadata, Mapping):
-            for key in ("duration_s", "latency_s"):
-                if isinstance(metadata.get(key), int | float):
-                    latency = float(metadata[key])
-                    break
-        facts.append(
-            {
-                "name": message.get("name"),
-                "status": str(status) if status is not None else ("error" if error else "ok"),
-                "recorded_status": status is not None,
-                "error": error,
-                "latency_s": latency,
-            }
-        )
-    return facts
-
-
-def group_rows(
-    groups: Mapping[str, list[RolloutResult]], order: Sequence[str], total: int, threshold: float
-) -> list[list[Any]]:
-    rows = []
-    for key in order:
-        members = groups.get(key, [])
-        rewards = reward_summary(members, threshold=threshold)
-        rows.append(
-            [
-                key,
-                len(members),
-                share(len(members), total),
-                rewards.mean,
-                rewards.success_rate,
-                rewards.coverage,
-            ]
-        )
-    return rows
-
-
-GROUP_COLUMNS = ["", "rollouts", "share", "mean reward", "success rate", "coverage"]
-"""Mean reward and success rate are over the group's scored rollouts; coverage is scored / rollouts."""
 
 
 def tool_usage_stats(
@@ -217,6 +131,7 @@ def tool_usage_stats(
         "scored": rewards.scored,
         "unscored": total - rewards.scored,
         "unscorable": rewards.unscorable,
+        "policy_failures": rewards.policy_failures,
         "failed": rewards.failed,
         "failures": rewards.failures,
         "coverage": rewards.coverage,
@@ -389,3 +304,8 @@ def environment_tables(
                 by_environment[name], threshold=threshold, summary=summary, test_tool=test_tool
             )
     return tables
+
+
+def policy_failures_note(count: int | None) -> str:
+    """What follows a scored count when some of those rollouts failed in a way the policy caused."""
+    return f" ({count} policy failures at the failure reward)" if count else ""

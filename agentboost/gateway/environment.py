@@ -16,7 +16,10 @@ session in its environment variables:
 Tasks, reward, reset and cleanup come from another environment (``tasks_from``), so an unmodified
 agent trains on any existing task set. The rollout ends when the agent returns (``completed``),
 when a limit ends the session (the agent is then stopped: its termination is the limit's), at
-``timeout_s`` (``timeout``), or when the agent fails (``agent_error``, with its last output).
+``timeout_s`` (``timeout``; ``engine_timeout`` when no model turn had come back), or when the agent
+fails (``agent_error``, with its last output). An agent that fails after the model answered at least
+once (e.g. on tool arguments the model wrote) is the policy's failure: the environment's failure rule
+scores it (0.0 by default) instead of masking it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentboost.agent.episode import engine_timeout_detail
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
 from agentboost.envs.base import Environment, Episode, RolloutResult, _cleanup, _describe, _unscored
@@ -39,6 +43,7 @@ from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.gateway.server import Gateway
 from agentboost.gateway.session import DriftPolicy, GatewaySession, check_policy
+from agentboost.outcomes import rollout_result
 from agentboost.tokens.templates import ChatTemplate
 from agentboost.tokens.tokenizer import tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason
@@ -94,6 +99,7 @@ class GatewayEnvironment(Environment):
             self.system_prompt = self.inner.system_prompt
             self.template, self.parser = self.inner.template, self.inner.parser
             self.limits = self.inner.limits
+            self.failure_rule = self.inner.failure_rule  # a crashed agent scores the tasks' failure reward
         if limits is not None:
             self.limits = limits if isinstance(limits, RolloutLimits) else RolloutLimits(**limits)
 
@@ -170,9 +176,8 @@ class GatewayEnvironment(Environment):
                 info["agent_output"] = output
             trajectory = session.trajectory(task.id, reason, detail, {**info, **episode.info})
             episode.messages = list(session.messages)
-            if trajectory.termination.failed:
-                no_reward = f"no reward: the rollout ended {reason.value} ({detail})"
-                return RolloutResult(task.id, sample, trajectory, None, reward_error=no_reward)
+            if trajectory.termination.failed:  # masked, or scored by the failure rule if the policy's
+                return rollout_result(trajectory, sample=sample, failure_rule=self.failure_rule)
             reward = await self.score(trajectory, episode)
             if isinstance(reward, str):
                 return RolloutResult(task.id, sample, trajectory, None, reward_error=reward)
@@ -201,6 +206,9 @@ class GatewayEnvironment(Environment):
         if session.termination is not None:
             return session.termination, session.termination_detail, _output(agent)
         if agent not in done:
+            if session.turns == 0:  # not one generation came back: the engine's (or machine's) failure
+                asked = "" if session.last_request is not None else " (the agent had sent no request yet)"
+                return TerminationReason.ENGINE_TIMEOUT, engine_timeout_detail(timeout_s) + asked, None
             return TerminationReason.TIMEOUT, f"the rollout ran past {timeout_s} s", None
         error = agent.exception()
         if error is not None:

@@ -17,12 +17,11 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from agentboost.gateway.message_keys import WireMemo, parse_messages
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
-    WireMemo,
     bad_request,
     number_field,
-    parse_messages,
     positive_int_field,
     stop_ids,
     text_of_parts,
@@ -43,6 +42,7 @@ _ERROR_TYPES = {
     "authentication": "authentication_error",
     "session_ended": "invalid_request_error",
     "engine": "api_error",
+    "request_too_large": "invalid_request_error",
 }
 
 

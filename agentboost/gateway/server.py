@@ -12,7 +12,8 @@ URL is fixed):
 
 An unknown session is answered in the API's error shape: 404 when it was named in the path, 401
 when it came as a key. With ``open_sessions`` (the ``agentboost gateway`` command), any new name
-opens a session instead.
+opens a session instead; ``DELETE /sessions/<session>`` finishes one (as a limit, or
+``session_idle_s`` without a request, does) and hands it to ``on_finish``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,7 +48,14 @@ class GatewayStats:
     requests: int = 0
     errors: int = 0
     disconnects: int = 0
-    """Streams whose client went away before the last event."""
+    """Requests whose client went away before it received the answer (the turn is withdrawn)."""
+
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+"""The largest request body served (``413`` above it); ``agentboost gateway --max-request-mb``."""
+OFF_LOOP_BYTES = 64 * 1024
+"""Request bodies larger than this are decoded and translated in a worker thread."""
+_SESSION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
 
 class Gateway:
@@ -64,6 +74,9 @@ class Gateway:
         client_sampling: bool = True,
         open_sessions: bool = False,
         model_name: str = "agentboost",
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        on_finish: Callable[[GatewaySession], None] | None = None,
+        session_idle_s: float | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -76,6 +89,16 @@ class Gateway:
         self.client_sampling = client_sampling
         self.open_sessions = open_sessions
         self.model_name = model_name
+        if max_request_bytes < 1:
+            raise ConfigError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
+        self.max_request_bytes = max_request_bytes
+        self.on_finish = on_finish
+        """Called with each session as it finishes (a limit ended it, it idled, or it was deleted)."""
+        self.session_idle_s = session_idle_s
+        """Finish a session after this long without a request (None: never)."""
+        self.finished: set[str] = set()
+        """Names of finished sessions: never opened again (their trajectory was handed on)."""
+        self._reaper: asyncio.Task[None] | None = None
         self.sessions: dict[str, GatewaySession] = {}
         self.stats = GatewayStats()
         self._stop_ids = stop_token_ids(tokenizer)
@@ -97,9 +120,12 @@ class Gateway:
     ) -> GatewaySession:
         """A new session (a random name unless given); its URLs: :meth:`base_url`, :meth:`anthropic_url`."""
         session_id = session_id or f"s-{uuid.uuid4().hex}"
-        if not session_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise ConfigError(f"session name {session_id!r} may hold only letters, digits, '-', '_' and '.'")
-        if session_id in self.sessions:
+        if not _SESSION_NAME.fullmatch(session_id) or set(session_id) == {"."}:
+            raise ConfigError(
+                f"session name {session_id[:80]!r} may hold only letters, digits, '-', '_' and '.' "
+                "(1 to 200 of them)"
+            )
+        if session_id in self.sessions or session_id in self.finished:
             raise ConfigError(f"session {session_id!r} is already open; pick another name")
         session = GatewaySession(
             session_id,
@@ -125,6 +151,24 @@ class Gateway:
         session.close()
         return session
 
+    def finish_session(self, session_id: str) -> GatewaySession:
+        """Close a session for good and hand it to ``on_finish``; its name is not opened again."""
+        session = self.close_session(session_id)
+        self.finished.add(session_id)
+        if self.on_finish is not None:
+            self.on_finish(session)
+        return session
+
+    async def _reap_idle(self) -> None:
+        """Finish sessions that had no request for ``session_idle_s`` (and none in flight)."""
+        assert self.session_idle_s is not None
+        while True:
+            await asyncio.sleep(min(self.session_idle_s / 4, 5.0))
+            now = time.monotonic()
+            for session_id, session in list(self.sessions.items()):
+                if not session.busy and now - session.last_active >= self.session_idle_s:
+                    self.finish_session(session_id)
+
     def base_url(self, session_id: str) -> str:
         """The OpenAI-style base URL of a session (``.../s/<session>/v1``)."""
         return f"{self._require_url()}/s/{session_id}/v1"
@@ -141,7 +185,7 @@ class Gateway:
     # --- serving --------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.max_request_bytes)
         openai_handler = self._handler(self._openai)
         anthropic_handler = self._handler(self._anthropic)
         app.router.add_post("/s/{session}/v1/chat/completions", openai_handler)
@@ -152,6 +196,7 @@ class Gateway:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
+        app.router.add_delete("/sessions/{session}", self._delete)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -159,14 +204,27 @@ class Gateway:
         runner = web.AppRunner(self.build_app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {error.strerror}; pick another port"
+            ) from None
         self._runner = runner
+        if self.session_idle_s is not None:
+            self._reaper = asyncio.create_task(self._reap_idle())
         bound_port = runner.addresses[0][1]
         self.url = f"http://{host}:{bound_port}"
         return self.url
 
     async def aclose(self) -> None:
         """Stop listening and unbind every open session. Idempotent; never closes the engine."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
         for session_id in list(self.sessions):
             self.close_session(session_id)
         if self._runner is not None:
@@ -187,7 +245,7 @@ class Gateway:
         if named is not None:
             session = self.sessions.get(named)
             if session is None and self.open_sessions:
-                session = self.open_session(named)
+                session = self._open_named(named)
             if session is None:
                 raise GatewayError(
                     404, "not_found", f"there is no session {named!r} on this gateway", "session_not_found"
@@ -206,65 +264,128 @@ class Gateway:
             )
         session = self.sessions.get(key)
         if session is None and self.open_sessions:
-            session = self.open_session(key)
+            session = self._open_named(key)
         if session is None:
             raise GatewayError(
                 401, "authentication", "the API key names no session on this gateway", "invalid_api_key"
             )
         return session
 
+    def _open_named(self, name: str) -> GatewaySession:
+        """Open the session a request names (``open_sessions``); a bad or finished name is a 400."""
+        if name in self.finished:
+            raise GatewayError(
+                400,
+                "session_ended",
+                f"session {name!r} has finished and was written; use a new session name",
+                "session_ended",
+            )
+        try:
+            return self.open_session(name)
+        except ConfigError as error:
+            raise GatewayError(400, "invalid_request", str(error), "invalid_session_name") from None
+
     def _handler(self, serve: Callable[[web.Request, GatewaySession, Any], Any]) -> Any:
         errors = openai_api.error_body if serve == self._openai else anthropic_api.error_body
 
         async def handle(request: web.Request) -> web.StreamResponse:
             self.stats.requests += 1
+            session = None
             try:
                 session = self._session(request)
-                try:
-                    body = await request.json()
-                except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                    raise GatewayError(
-                        400, "invalid_request", f"the request body is not valid JSON: {error}"
-                    ) from error
-                return await serve(request, session, body)
+                raw = await self._read_body(request)
+                return await serve(request, session, raw)
             except GatewayError as error:
                 self.stats.errors += 1
                 return web.json_response(errors(error), status=error.status)
+            finally:
+                if session is not None and session.termination is not None and self.on_finish is not None:
+                    self._finish_ended(session)
 
         return handle
 
-    async def _openai(self, request: web.Request, session: GatewaySession, body: Any) -> web.StreamResponse:
-        chat, stream, include_usage = openai_api.parse_request(body, self.tokenizer, session.wire_memo)
-        served = await _shielded(session.complete(chat))
+    def _finish_ended(self, session: GatewaySession) -> None:
+        """Finish a session a limit or an error ended, once no request of it is in flight."""
+        if not session.busy and self.sessions.get(session.id) is session:
+            self.finish_session(session.id)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        if (request.content_length or 0) > self.max_request_bytes:
+            raise _too_large(self.max_request_bytes)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(self.max_request_bytes) from None
+
+    async def _parse(self, parse: Callable[..., Any], raw: bytes, session: GatewaySession) -> Any:
+        """Decode the JSON body and translate it into a ChatRequest: off the event loop when it is big."""
+
+        def work() -> Any:
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise GatewayError(
+                    400, "invalid_request", f"the request body is not valid JSON: {error}"
+                ) from error
+            return parse(body, self.tokenizer, session.wire_memo)
+
+        return await asyncio.to_thread(work) if len(raw) > OFF_LOOP_BYTES else work()
+
+    async def _openai(self, request: web.Request, session: GatewaySession, raw: bytes) -> web.StreamResponse:
+        chat, stream, include_usage = await self._parse(openai_api.parse_request, raw, session)
+        served = await self._complete(request, session, chat)
         if not stream:
             return web.json_response(openai_api.response(served, self.model_name))
         events = (("", chunk) for chunk in openai_api.stream_chunks(served, self.model_name, include_usage))
-        return await self._stream(request, events, done="data: [DONE]\n\n")
+        return await self._stream(request, session, served, events, done="data: [DONE]\n\n")
 
     async def _anthropic(
-        self, request: web.Request, session: GatewaySession, body: Any
+        self, request: web.Request, session: GatewaySession, raw: bytes
     ) -> web.StreamResponse:
-        chat, stream, thinking = anthropic_api.parse_request(body, self.tokenizer, session.wire_memo)
-        served = await _shielded(session.complete(chat))
+        chat, stream, thinking = await self._parse(anthropic_api.parse_request, raw, session)
+        served = await self._complete(request, session, chat)
         if not stream:
             return web.json_response(anthropic_api.response(served, self.model_name, thinking))
         events = anthropic_api.stream_events(served, self.model_name, thinking)
-        return await self._stream(request, events, done=None)
+        return await self._stream(request, session, served, events, done=None)
 
-    async def _stream(self, request: web.Request, events: Any, *, done: str | None) -> web.StreamResponse:
+    async def _complete(self, request: web.Request, session: GatewaySession, chat: Any) -> Any:
+        """The session's next turn, run to the end even if the client goes away; a turn whose client is
+        gone by then is withdrawn (never delivered, so never trained on)."""
+        task = asyncio.ensure_future(session.complete(chat))
+        try:
+            served = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                self._undelivered(session, await task)
+            raise
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            self._undelivered(session, served)
+        return served
+
+    def _undelivered(self, session: GatewaySession, served: Any) -> None:
+        self.stats.disconnects += 1
+        session.withdraw(served)
+
+    async def _stream(
+        self, request: web.Request, session: GatewaySession, served: Any, events: Any, *, done: str | None
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             for name, data in events:
                 prefix = f"event: {name}\n" if name else ""
                 await response.write(f"{prefix}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
             if done is not None:
                 await response.write(done.encode())
             await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.stats.disconnects += 1  # the turn is already in the session's buffer: nothing is lost
+        except ConnectionResetError:  # the client went away mid-stream: it never got the whole turn
+            self._undelivered(session, served)
+        except asyncio.CancelledError:
+            self._undelivered(session, served)
             raise
         return response
 
@@ -287,16 +408,26 @@ class Gateway:
         trajectory = session.trajectory(session.id, reason, session.termination_detail)
         return web.json_response(trajectory.to_dict())
 
+    async def _delete(self, request: web.Request) -> web.Response:
+        """Finish a session now (``DELETE /sessions/<session>``): 204, or 404 if there is none open."""
+        session_id = request.match_info["session"]
+        if session_id not in self.sessions:
+            error = GatewayError(
+                404, "not_found", "there is no such open session on this gateway", "session_not_found"
+            )
+            return web.json_response(openai_api.error_body(error), status=404)
+        self.finish_session(session_id)
+        return web.Response(status=204)
 
-async def _shielded(work: Any) -> Any:
-    """Run a turn to the end even if the client goes away: its tokens then stay in the session."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await task
-        raise
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        413,
+        "request_too_large",
+        f"the request body is larger than this gateway's limit of {limit} bytes "
+        "(agentboost gateway --max-request-mb; Gateway(max_request_bytes=...))",
+        "request_too_large",
+    )
 
 
 def sessions_summary(sessions: Mapping[str, GatewaySession]) -> dict[str, Any]:

@@ -16,26 +16,23 @@ formats into it, so both APIs share one session logic.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.termination import room
 from agentboost.agent.turn import GeneratedTurn, generate_turn, turn_seed
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
 from agentboost.errors import ConfigError, ContextLengthError, EngineError, TemplateError
+from agentboost.gateway.message_keys import MessageKey, WireMemo, message_key
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
-
-if TYPE_CHECKING:
-    from agentboost.gateway.wire import WireMemo
 
 
 class DriftPolicy(str, Enum):
@@ -59,32 +56,6 @@ class GatewayError(Exception):
         """``invalid_request``, ``not_found``, ``authentication``, ``session_ended`` or ``engine``."""
         self.message = message
         self.code = code
-
-
-def _arguments_key(arguments: Any) -> str:
-    return (
-        arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, ensure_ascii=False)
-    )
-
-
-MessageKey = tuple[Any, ...]
-
-
-def message_key(message: Mapping[str, Any]) -> MessageKey:
-    """What makes two chat messages the same for extension: roles, texts, call ids, names, arguments.
-
-    Reasoning is not part of it: clients drop it, and the session holds its tokens anyway.
-    """
-    role = message["role"]
-    if role == "assistant":
-        calls = tuple(
-            (call.get("id"), call["function"]["name"], _arguments_key(call["function"].get("arguments")))
-            for call in message.get("tool_calls") or ()
-        )
-        return (role, message.get("content") or "", calls)
-    if role == "tool":
-        return (role, message.get("tool_call_id"), message["content"])
-    return (role, message["content"])
 
 
 @dataclass
@@ -121,6 +92,10 @@ class ServedTurn:
     turn: GeneratedTurn
     message: Message
     prompt_tokens: int
+    row: _Row | None = None
+    """The row the turn was appended to (to take it back if the client never receives it)."""
+    end: int = 0
+    """The row's length right after the turn."""
 
     @property
     def completion_tokens(self) -> int:
@@ -182,6 +157,8 @@ class GatewaySession:
         self.system: str | None = None
         self.tools: list[dict[str, Any]] = []
         self.drift: list[dict[str, Any]] = []
+        self.generated: set[MessageKey] = set()
+        """The keys of every assistant message this session generated (on any row)."""
         self.dropped_rows = 0
         self.turns = 0
         self.tool_calls = 0
@@ -195,12 +172,17 @@ class GatewaySession:
         self.ended = asyncio.Event()
         """Set when a limit or an error ended the session: its agent should be stopped."""
         self.started = time.perf_counter()
+        self.last_active = time.monotonic()
+        """When a request last arrived or was answered (idle sessions are finished by the command)."""
+        self.undelivered: list[dict[str, Any]] = []
+        """Turns generated for a client that went away before receiving them (see :meth:`withdraw`)."""
         self._lock = asyncio.Lock()
 
     # --- requests -------------------------------------------------------------------------------
 
     async def complete(self, request: ChatRequest) -> ServedTurn:
         """Generate the next assistant turn for ``request``. Raises :class:`GatewayError`."""
+        self.last_active = time.monotonic()
         async with self._lock:
             self.wire_memo = request.memo
             if self.termination is not None:
@@ -217,48 +199,85 @@ class GatewaySession:
                     "invalid_request",
                     "the last message must be a user message or tool results: the model answers next",
                 )
-            row = self._row_for(request)
+            row = await self._row_for(request)
             self.last_request = request
-            return await self._generate(row, request)
+            try:
+                return await self._generate(row, request)
+            finally:
+                self.last_active = time.monotonic()
 
-    def _row_for(self, request: ChatRequest) -> _Row:
+    def withdraw(self, served: ServedTurn) -> None:
+        """Take back a turn whose client went away before receiving it: it is not trained on.
+
+        The row drops the turn's ids when nothing was appended after it (the usual case: the client
+        retries the same request, which then extends the row again); otherwise the turn stays and is
+        marked. Either way it is listed in ``info["gateway"]["undelivered"]``.
+        """
+        row = served.row
+        withdrawn = row is not None and row is self.row and len(row.buffer.token_ids) == served.end
+        self.undelivered.append({"row": len(self.rows), "turn": self.turns - 1, "withdrawn": withdrawn})
+        if withdrawn and row is not None:
+            row.buffer.drop_last_turn()
+            row.messages.pop()
+            row.served.pop()
+            row.tool_calls -= len(served.turn.tool_calls)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request of this session is being served."""
+        return self._lock.locked()
+
+    @property
+    def served_turns(self) -> int:
+        """Model turns the session's rows hold (0: every request was refused, or none was delivered)."""
+        return sum(row.buffer.turn for row in [*self.rows, *([self.row] if self.row else [])])
+
+    async def _row_for(self, request: ChatRequest) -> _Row:
         keys: list[MessageKey] = request.keys  # type: ignore[assignment]
         if self.row is None:
-            return self._start_row(request, keys)
+            inserted = _inserted(request.messages, keys, 0, set(), self.generated)
+            if inserted is not None:  # nothing served yet to keep or drop: recorded, or refused
+                self._record_drift(*inserted)
+            return await self._start_row(request, keys)
         row = self.row
         drift = self._find_drift(row, request, keys)
         if drift is None:
             new = [self._chat_message(row, message) for message in request.messages[len(row.served) :]]
             try:
-                row.buffer.append_messages(new)
+                if new:  # none when the client retries a request whose turn it never received
+                    await _tokenize(row.buffer.append_messages, new)
             except TemplateError as error:
                 self._end(TerminationReason.TEMPLATE_ERROR, str(error))
                 raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
             row.messages.extend(new)
             row.served.extend(keys[len(row.served) :])
             return row
-        reason, position = drift
-        record = {
-            "reason": reason,
-            "position": position,
-            "row": len(self.rows),
-            "turn": self.turns,
-            "policy": self.policy.value,
-        }
-        self.drift.append(record)
-        if self.policy is DriftPolicy.REFUSE:
-            raise GatewayError(
-                400,
-                "invalid_request",
-                f"the messages no longer extend what session {self.id!r} served ({reason} at message "
-                f"{position}); send the history as the gateway returned it, or start a new session",
-                code="history_diverged",
-            )
+        self._record_drift(*drift)
         if self.policy is DriftPolicy.FORK:
             self.rows.append(row)
         else:
             self.dropped_rows += 1
-        return self._start_row(request, keys)
+        return await self._start_row(request, keys)
+
+    def _record_drift(self, reason: str, position: int) -> None:
+        """Record a drift event; under ``refuse``, answer the request with ``history_diverged``."""
+        self.drift.append(
+            {
+                "reason": reason,
+                "position": position,
+                "row": len(self.rows),
+                "turn": self.turns,
+                "policy": self.policy.value,
+            }
+        )
+        if self.policy is DriftPolicy.REFUSE:
+            raise GatewayError(
+                400,
+                "invalid_request",
+                f"the messages do not extend what session {self.id!r} served ({reason} at message "
+                f"{position}); send the history as the gateway returned it, or start a new session",
+                code="history_diverged",
+            )
 
     def _find_drift(self, row: _Row, request: ChatRequest, keys: list[MessageKey]) -> tuple[str, int] | None:
         """None when ``request`` extends ``row``; else (reason, first differing message position)."""
@@ -274,14 +293,14 @@ class GatewaySession:
             return "request_repeated", len(keys)  # a retry of the last request: it was answered already
         if len(keys) < len(served):
             return "turn_dropped", len(keys)
-        for position in range(len(served), len(keys)):
-            if keys[position][0] == "assistant":
-                return "assistant_not_served", position
-        if row.buffer.segments[-1].role != "assistant":
+        inserted = _inserted(request.messages, keys, len(served), set(row.tool_names), set())
+        if inserted is not None:
+            return inserted
+        if row.buffer.segments[-1].role != "assistant" and len(keys) > len(served):
             return "turn_not_generated", len(served)  # the previous request failed before its turn
         return None
 
-    def _start_row(self, request: ChatRequest, keys: list[MessageKey]) -> _Row:
+    async def _start_row(self, request: ChatRequest, keys: list[MessageKey]) -> _Row:
         self.system, self.tools = request.system, list(request.tools)
         tool_names = {
             call["id"]: call["function"]["name"]
@@ -289,22 +308,31 @@ class GatewaySession:
             if message["role"] == "assistant"
             for call in message.get("tool_calls") or ()
         }
-        chat: list[Message] = [{"role": "system", "content": request.system}] if request.system else []
+        chat: list[Message] = (
+            [{"role": "system", "content": request.system, "source": "client"}] if request.system else []
+        )
         row = _Row(TokenBuffer(self.tokenizer, self.template, tools=self.tools or None), chat, [], tool_names)
         chat.extend(self._chat_message(row, message) for message in request.messages)
         try:
-            row.buffer.start(chat)
+            await _tokenize(row.buffer.start, chat)
         except TemplateError as error:
             raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
         row.served = list(keys)
         self.row = row
         return row
 
-    @staticmethod
-    def _chat_message(row: _Row, message: Message) -> Message:
+    def _chat_message(self, row: _Row, message: Message) -> Message:
+        """A client's message for the chat view, marked with its source: an assistant message is the
+        policy's only when it is one the session generated; everything else the client sent is the
+        client's (its tool results included: the gateway never sees the tools run)."""
+        source = (
+            "policy"
+            if message["role"] == "assistant" and message_key(message) in self.generated
+            else "client"
+        )
         if message["role"] == "tool":
-            return {**message, "name": row.tool_names.get(message.get("tool_call_id", ""))}
-        return dict(message)
+            return {**message, "name": row.tool_names.get(message.get("tool_call_id", "")), "source": source}
+        return {**message, "source": source}
 
     async def _generate(self, row: _Row, request: ChatRequest) -> ServedTurn:
         left = room(self.limits, row.buffer, self.engine.context_length)
@@ -350,8 +378,9 @@ class GatewaySession:
         row.messages.append(message)
         row.tool_calls += len(turn.tool_calls)
         row.served.append(message_key(message))
+        self.generated.add(row.served[-1])
         self._apply_limits(turn, client_cap)
-        return ServedTurn(turn, message, prompt_tokens)
+        return ServedTurn(turn, message, prompt_tokens, row, len(row.buffer.token_ids))
 
     def _apply_limits(self, turn: GeneratedTurn, client_cap: bool) -> None:
         """End the session when this turn reached one of the rollout's limits (as the provider path does)."""
@@ -404,6 +433,7 @@ class GatewaySession:
             "rows": len(self.rows) + (self.row is not None),
             "dropped_rows": self.dropped_rows,
             "drift": list(self.drift),
+            "undelivered": list(self.undelivered),
         }
         full_info = {"template": self.template.name, **(info or {}), "gateway": gateway_info}
         rows = [*self.rows, self.row] if self.row is not None else []
@@ -470,6 +500,40 @@ def _changed_message(keys: Sequence[MessageKey], served: Sequence[MessageKey]) -
                 return "tool_results_reordered", position
         return "message_changed", position
     raise AssertionError("_changed_message needs keys that differ from served within their common length")
+
+
+OFF_LOOP_CHARS = 32_768
+"""Messages with more text than this are tokenized in a worker thread, so a big prompt does not hold
+up the other sessions (smaller ones take well under a millisecond: a thread hop would cost more)."""
+
+
+async def _tokenize(append: Any, messages: list[Message]) -> Any:
+    """``append(messages)`` (a buffer's ``start`` or ``append_messages``), off the event loop when big."""
+    size = sum(len(message.get("content") or "") for message in messages)
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(append, messages)
+    return append(messages)
+
+
+def _inserted(
+    messages: Sequence[Message],
+    keys: Sequence[MessageKey],
+    start: int,
+    calls: set[str],
+    generated: set[MessageKey],
+) -> tuple[str, int] | None:
+    """The first message from ``start`` on that the client inserted, as (reason, position): an
+    assistant message the session never generated, or a tool result for a call no earlier assistant
+    message made (``calls``: the call ids already made)."""
+    for position in range(start, len(keys)):
+        message = messages[position]
+        if message["role"] == "assistant":
+            if keys[position] not in generated:
+                return "assistant_not_served", position
+            calls.update(call.get("id") or "" for call in message.get("tool_calls") or ())
+        elif message["role"] == "tool" and message.get("tool_call_id") not in calls:
+            return "tool_result_not_requested", position
+    return None
 
 
 def _tool_block(keys: Sequence[MessageKey], position: int) -> list[MessageKey]:

@@ -1,60 +1,13 @@
-"""What both wire formats share: text content, tool schemas, numeric fields, stop strings, and the
-per-session memo that keeps a request's cost flat in the length of the history it resends."""
+"""What both wire formats share: text content, tool schemas, numeric fields and stop strings (the
+per-session memo of a request's messages is :mod:`agentboost.gateway.message_keys`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from agentboost.gateway.session import GatewayError, MessageKey, message_key
-from agentboost.tokens.templates import Message
-
-
-@dataclass
-class WireMemo:
-    """A session's last request as sent (``raw`` wire messages) and what they became.
-
-    ``raw[i]`` translated to ``messages[ends[i - 1]:ends[i]]`` (with their extension ``keys``).
-    Translation is a pure function of a message and its position, so a message equal to the one at
-    the same position in the last request, with everything before it equal too, translates the same:
-    the next request reuses that prefix and parses only what differs or was appended. Drift is still
-    judged on the keys of every message, exactly as if all were parsed afresh.
-    """
-
-    api: str
-    raw: list[Any]
-    messages: list[Message]
-    keys: list[MessageKey]
-    ends: list[int]
-
-
-def parse_messages(
-    api: str,
-    raw: list[Any],
-    parse_one: Callable[[Any, int], list[Message]],
-    memo: WireMemo | None,
-) -> WireMemo:
-    """Translate ``raw`` wire messages with ``parse_one(message, index)``, reusing ``memo``'s prefix."""
-    reused = 0
-    if memo is not None and memo.api == api:
-        known = min(len(memo.raw), len(raw))
-        if raw[:known] == memo.raw[:known]:  # the usual case: one comparison in C
-            reused = known
-        else:
-            while raw[reused] == memo.raw[reused]:
-                reused += 1
-    kept = memo.ends[reused - 1] if memo is not None and reused else 0
-    messages = memo.messages[:kept] if memo is not None else []
-    keys = memo.keys[:kept] if memo is not None else []
-    ends = memo.ends[:reused] if memo is not None else []
-    for index in range(reused, len(raw)):
-        for message in parse_one(raw[index], index):
-            messages.append(message)
-            keys.append(message_key(message))
-        ends.append(len(messages))
-    return WireMemo(api, raw, messages, keys, ends)
+from agentboost.gateway.session import GatewayError
 
 
 def bad_request(message: str, *, code: str | None = None) -> GatewayError:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.envs.base import RolloutResult
-from agentboost.errors import ConfigError, UserPathError
+from agentboost.errors import ConfigError, SettingsChangedError, UserPathError
 from agentboost.rollout.spec import NOT_COMPARED
 
 Key = tuple[str, int]
@@ -196,7 +196,8 @@ class ResultStore:
     """Append-only results file: a header, then :class:`RolloutResult` lines.
 
     ``identity`` describes the run (see the module docstring); resuming a file whose recorded
-    identity differs raises a ConfigError listing the differences, unless ``allow_different``.
+    identity differs raises :class:`~agentboost.errors.SettingsChangedError` (a ConfigError) listing
+    the differences, unless ``allow_different``.
     ``plan`` is the :class:`Plan` of (task_id, sample) pairs this run is made of: a resumed line outside it is
     refused. ``redo_failed`` (the default) leaves failed rollouts out of :attr:`done` so they run again.
     """
@@ -241,10 +242,11 @@ class ResultStore:
             if identity is not None:
                 self.differences = settings_differences(existing["run"], self.identity)
                 if self.differences and not allow_different:
-                    raise ConfigError(
+                    raise SettingsChangedError(
                         f"{self.path} was written by a run with other settings "
                         f"({'; '.join(self.differences)}); resume with the same settings, pass "
-                        "--allow-different-settings to resume anyway, or choose another --out"
+                        "--allow-different-settings to resume anyway, or choose another --out",
+                        differences=tuple(self.differences),
                     )
             keep = self._complete_length()
             self._scan(plan, redo_failed, environment_name, keep)

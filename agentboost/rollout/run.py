@@ -41,13 +41,20 @@ class PreparedRun:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """The results header's ``run`` (and the eval report's): see :meth:`RunSpec.identity`."""
-        return self.spec.identity(
+        """The results header's ``run`` (and the eval report's): see :meth:`RunSpec.identity`; with the
+        embedded engine, the ``precision`` its model is served in (weights, compute, device)."""
+        record = self.spec.identity(
             environment_name=self.environment.name,
             limits=self.limits,
             tasks=self.tasks.count if self.tasks.count is not None else self.spec.tasks,
             servers=self.servers,
         )
+        if self.spec.engine == "local":
+            from agentboost.models import precision
+
+            served = precision.resolve_precision(device=precision.default_device(), trains=False)
+            record["precision"] = served.as_dict()
+        return record
 
     def config(self, *, progress: bool = True) -> Any:
         from agentboost.rollout.runner import RunConfig
@@ -103,10 +110,27 @@ async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None
 
 
 @asynccontextmanager
-async def executing(run: PreparedRun) -> AsyncIterator[Any]:
+async def executing(run: PreparedRun, *, engine: Any = None, tokenizer: Any = None) -> AsyncIterator[Any]:
     """The run's execution function: ``spec.workers`` worker processes, or this process (the model's
-    tokenizer and engine loaded here, closed on exit)."""
+    tokenizer and engine loaded here, closed on exit). A caller that holds its own ``engine`` and
+    ``tokenizer`` (the trainer: its engine serves the weights being trained) passes them; they are
+    used in this process and left open."""
     spec = run.spec
+    if engine is not None:
+        from agentboost.engines.base import check_engine
+        from agentboost.rollout.runner import in_process
+
+        if tokenizer is None:
+            raise ConfigError("executing() with an engine of the caller's needs its tokenizer too")
+        yield in_process(
+            run.environment,
+            check_engine(engine),
+            tokenizer,
+            sampling=spec.sampling(),
+            limits=run.limits,
+            template=spec.template,
+        )
+        return
     if spec.workers:
         from agentboost.rollout.workers import WorkerPool
 
@@ -150,6 +174,9 @@ async def run_rollouts_async(
     only_planned: bool = True,
     progress: bool = True,
     say: Callable[[str], None] = _say,
+    engine: Any = None,
+    tokenizer: Any = None,
+    on_result: Callable[[Any], None] | None = None,
 ) -> Any:
     """Run the rollouts of ``spec`` that ``out`` does not hold yet; the run's :class:`RunSummary`.
 
@@ -157,7 +184,8 @@ async def run_rollouts_async(
     listing them) unless ``allow_different``. Failed rollouts in it run again unless ``redo_failed``
     is False. ``only_planned`` refuses a file holding results outside this run's tasks and samples
     (``eval`` passes False: it reports on the planned ones). ``say`` hears what a user should know:
-    a torn last line cut off, settings that differ, failed rollouts run again.
+    a torn last line cut off, settings that differ, failed rollouts run again. ``engine`` and
+    ``tokenizer``: the caller's own (see :func:`executing`); ``on_result`` hears each result written.
     """
     from agentboost.rollout.results import ResultStore
     from agentboost.rollout.runner import iter_jobs, run_jobs
@@ -181,9 +209,14 @@ async def run_rollouts_async(
         redo = len(plan.within(store.failed)) if redo_failed and store.failed else 0
         if redo:
             say(f"running {redo} failed rollouts of {out} again")
-        async with executing(run) as execute:
+        async with executing(run, engine=engine, tokenizer=tokenizer) as execute:
             summary = await run_jobs(
-                iter_jobs(run.environment, run.tasks, config), execute, store, config, total=plan.size
+                iter_jobs(run.environment, run.tasks, config),
+                execute,
+                store,
+                config,
+                total=plan.size,
+                on_result=on_result,
             )
     summary.environment, summary.out = run.environment.name, os.fspath(out)
     return summary

@@ -308,16 +308,7 @@ def in_process(
 
 def crashed_result(job: Job, detail: str) -> RolloutResult:
     """What is recorded for a rollout whose worker died on every attempt."""
-    trajectory = Trajectory(
-        task_id=job.task_id,
-        messages=[],
-        token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        segments=[],
-        termination=TerminationReason.WORKER_CRASHED,
-        termination_detail=detail,
-    )
+    trajectory = Trajectory.empty(job.task_id, TerminationReason.WORKER_CRASHED, detail)
     return RolloutResult(
         job.task_id, job.sample, trajectory, None, reward_error="no reward: the worker crashed"
     )
@@ -372,8 +363,10 @@ async def run_jobs(
     config: RunConfig,
     *,
     total: int | None = None,
+    on_result: Callable[[RolloutResult], None] | None = None,
 ) -> RunSummary:
-    """Run the jobs not yet in ``store``; write each result as soon as it is final.
+    """Run the jobs not yet in ``store``; write each result as soon as it is final (then ``on_result``
+    hears it, e.g. to move a progress bar).
 
     ``jobs`` may be a lazy iterator: at most ``config.concurrency`` jobs are held at once, and no
     task is created per job up front. ``total`` (the number of jobs, for the progress bar) is taken
@@ -440,6 +433,8 @@ async def run_jobs(
             await writer(result)
         else:
             store.write(result)
+        if on_result is not None:
+            on_result(result)
         summary.completed += 1
         last_done = time.monotonic()
         summary.terminations[result.termination.value] += 1

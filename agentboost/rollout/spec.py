@@ -437,9 +437,10 @@ NOT_COMPARED = frozenset(
     (f.metadata["record"] or f.name).split(".")[0]
     for f in dataclasses.fields(RunSpec)
     if not f.metadata["compared"]
-)
+) | {"precision"}
 """Keys of a results header that a resume may change (how much to run, and how): the fields declared
-``compared=False``."""
+``compared=False``, and the embedded engine's ``precision`` (a fact recorded since it was added: files
+written before it lack it)."""
 
 
 def add_run_options(parser: argparse.ArgumentParser, defaults: RunSpec) -> None:

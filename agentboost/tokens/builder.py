@@ -32,6 +32,7 @@ from typing import Any
 
 from agentboost.errors import InvalidGenerationError, TemplateError, TokenBufferError
 from agentboost.tokens.parsers import THINK_CLOSE, THINK_OPEN
+from agentboost.tokens.plain_text import Span, control_tokens, render_with_spans
 from agentboost.tokens.templates import ChatTemplate, Message
 from agentboost.tokens.trajectory import Segment
 
@@ -62,6 +63,7 @@ class TokenBuffer:
         self.segments: list[Segment] = []
         self.turn = 0
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._control = control_tokens(tokenizer)
         self._added_ids = set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
         self._anchor: list[Message] = []
         self._anchor_prefix = ""
@@ -82,6 +84,10 @@ class TokenBuffer:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str, spans: list[Span]) -> list[int]:
+        """``text``'s ids, the message text at ``spans`` kept as plain text (no control tokens)."""
+        return self._control.encode(text, spans, self.encode) if spans else self.encode(text)
 
     def token_text(self, token_id: int) -> str:
         """The text of one id, cached (stop tokens are looked up every turn)."""
@@ -115,7 +121,15 @@ class TokenBuffer:
         self._anchor = [*messages, {"role": "assistant", "content": _MARKER}]
         self._anchor_prefix = self._prefix_through_marker(self._anchor, self.tools)
         self._fast_prefix = self._prefix_through_marker(self._fast_anchor, None)
-        ids = self.encode(text)
+        spans: list[Span] = []
+        if self._control.in_messages(messages):
+            _, spans = render_with_spans(
+                messages,
+                lambda slotted: self.template.render(slotted, self.tools, add_generation_prompt=True),
+                text,
+                self.template.name,
+            )
+        ids = self.encode_text(text, spans)
         self._extend(ids, None, role="prompt")
         return ids
 
@@ -141,6 +155,14 @@ class TokenBuffer:
         )
         self.turn += 1
 
+    def drop_last_turn(self) -> None:
+        """Take back the last generated turn (one its client never received): ids, mask, logprobs."""
+        if not self.segments or self.segments[-1].role != "assistant":
+            raise TokenBufferError("drop_last_turn() needs a generated assistant turn at the end")
+        start = self.segments.pop().start
+        del self.token_ids[start:], self.loss_mask[start:], self.logprobs[start:]
+        self.turn -= 1
+
     def append_messages(self, messages: Sequence[Message]) -> list[int]:
         """Append tool results or user turns after a generated turn, with the next generation prompt."""
         if not self.segments or self.segments[-1].role != "assistant":
@@ -148,30 +170,38 @@ class TokenBuffer:
                 "new messages can only follow a generated assistant turn: call append_generation() first"
             )
         messages = list(messages)
-        shape = tuple(message.get("role", "") for message in messages)
-        delta = self._fill_skeleton(shape, messages) if self.template.content_verbatim else None
-        if delta is not None:
-            pass
-        elif self._faithful_only:
-            delta = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
-        else:
-            delta = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
-            if shape not in self._checked_shapes:
-                self._checked_shapes.add(shape)
-                faithful = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
-                if faithful != delta:
-                    self._faithful_only, delta = True, faithful
+        delta = self._delta(messages)
+        spans: list[Span] = []
+        if self._control.in_messages(messages):
+            _, spans = render_with_spans(messages, self._delta, delta, self.template.name)
         last = self.token_ids[-1]
         if self.segments[-1].finish_reason == "stop":
             stop_text = self.token_text(last)
             if stop_text and delta.startswith(stop_text):
                 delta = delta[len(stop_text) :]
-        ids = self.encode(delta)
+                spans = [(start - len(stop_text), end - len(stop_text)) for start, end in spans]
+        ids = self.encode_text(delta, spans)
         if last not in self._added_ids:
-            self._check_boundary(ids, delta, messages[0])
+            self._check_boundary(ids, delta, spans, messages[0])
         role = "tool" if all(message.get("role") == "tool" for message in messages) else "user"
         self._extend(ids, None, role=role)
         return ids
+
+    def _delta(self, messages: list[Message]) -> str:
+        """The text ``messages`` add after the model's turn, through its next generation prompt."""
+        shape = tuple(message.get("role", "") for message in messages)
+        delta = self._fill_skeleton(shape, messages) if self.template.content_verbatim else None
+        if delta is not None:
+            return delta
+        if self._faithful_only:
+            return self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
+        delta = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
+        if shape not in self._checked_shapes:
+            self._checked_shapes.add(shape)
+            faithful = self._render_delta(self._anchor, self._anchor_prefix, self.tools, messages)
+            if faithful != delta:
+                self._faithful_only, delta = True, faithful
+        return delta
 
     def _fill_skeleton(self, shape: tuple[str, ...], messages: list[Message]) -> str | None:
         """The delta from a cached per-shape skeleton, or None when there is none for this template."""
@@ -222,10 +252,11 @@ class TokenBuffer:
             )
         return delta
 
-    def _check_boundary(self, delta_ids: list[int], delta: str, message: Message) -> None:
+    def _check_boundary(self, delta_ids: list[int], delta: str, spans: list[Span], message: Message) -> None:
         """Raise unless tokenizing (tail of what we have + delta) splits exactly at the boundary."""
         tail = self.decode(self.token_ids[-_BOUNDARY_WINDOW:])
-        if self.encode(tail + delta) != self.encode(tail) + delta_ids:
+        shifted = [(start + len(tail), end + len(tail)) for start, end in spans]
+        if self.encode_text(tail + delta, shifted) != self.encode(tail) + delta_ids:
             raise TemplateError(
                 self.template.name,
                 message,

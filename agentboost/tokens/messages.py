@@ -2,8 +2,10 @@
 
 One home for the shapes (TypedDicts: plain dicts at run time, JSON as they are). They are OpenAI's chat
 messages with agentboost's additions: ``raw`` (the generated text, stop token included) on assistant
-turns, and ``error`` / ``metadata`` on tool results. A :class:`~agentboost.tokens.trajectory.Trajectory`
-keeps its conversation in this form; the token ids, not these messages, are what training reads.
+turns, ``error`` / ``metadata`` on tool results, and ``source`` on every message (who wrote it: the
+policy, the environment, or a gateway client; what a reward may trust). A
+:class:`~agentboost.tokens.trajectory.Trajectory` keeps its conversation in this form; the token ids,
+not these messages, are what training reads.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 Role = Literal["system", "user", "assistant", "tool"]
+Source = Literal["policy", "environment", "client"]
+"""Who wrote a message: ``policy`` (the model being trained generated it: its tokens are the
+trajectory's), ``environment`` (agentboost's environment: system and task prompts, its tools' results,
+a simulated user) or ``client`` (a gateway client sent it: any text, including assistant turns and tool
+results the policy never produced)."""
 
 
 class FunctionCall(TypedDict):
@@ -51,6 +58,9 @@ class ChatMessage(_HasRole, total=False):
     """A tool result: the tool failed, or the call was malformed."""
     metadata: dict[str, Any]
     """A tool result: facts the environment attached to it (``Episode.annotate_tool``)."""
+    source: Source
+    """Who wrote the message (:data:`Source`). Rewards that must not be forged read only ``policy`` and
+    ``environment`` messages (docs/gateway.md)."""
 
 
-__all__ = ["ChatMessage", "ChatToolCall", "FunctionCall", "Role"]
+__all__ = ["ChatMessage", "ChatToolCall", "FunctionCall", "Role", "Source"]

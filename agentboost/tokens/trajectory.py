@@ -21,7 +21,7 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     forked_rows    only when not empty: earlier training rows of the same rollout (a gateway session
                    whose agent rewrote its history, see docs/gateway.md), each a trajectory object
 
-The reward is not part of a trajectory: :class:`~agentboost.envs.base.RolloutResult` owns it.
+The reward is not part of a trajectory: :class:`~agentboost.outcomes.RolloutResult` owns it.
 
 Floats round-trip exactly (Python writes the shortest repr), so save -> load is lossless.
 """
@@ -57,7 +57,11 @@ class TerminationReason(str, Enum):
     MAX_TOKENS = "max_tokens"
     """A turn hit ``max_new_tokens`` before a stop token; its output is kept, its calls do not run."""
     TIMEOUT = "timeout"
-    """The wall-clock ``timeout_s`` ran out; everything completed before it is kept."""
+    """The wall-clock ``timeout_s`` ran out after the policy generated; everything completed before it
+    is kept and scored."""
+    ENGINE_TIMEOUT = "engine_timeout"
+    """The wall-clock ``timeout_s`` ran out before the engine answered once: an overloaded engine or
+    machine (or a timeout too short for it), not the policy. Not scored; resume runs it again."""
     USER_ENDED = "user_ended"
     """The environment's user (e.g. a simulated customer) said their last word and ended the conversation."""
     ENV_STOPPED = "env_stopped"
@@ -67,7 +71,9 @@ class TerminationReason(str, Enum):
     TEMPLATE_ERROR = "template_error"
     """A message could not be appended without breaking token exactness."""
     AGENT_ERROR = "agent_error"
-    """Anything else raised inside the agent (a bug, or a tool that crashed the loop)."""
+    """Anything else raised inside the agent (a bug, or a tool that crashed the loop). After a model
+    turn the policy may have provoked it (tool arguments that crash a gateway agent): by default the
+    failure rule then scores it with the environment's failure reward instead of masking it."""
     ENV_ERROR = "env_error"
     """The environment failed: its reset, tools, hooks, next user message or cleanup raised."""
     WORKER_CRASHED = "worker_crashed"
@@ -75,12 +81,15 @@ class TerminationReason(str, Enum):
 
     @property
     def failed(self) -> bool:
-        """The rollout broke: it carries no usable signal and is reported as a failure."""
+        """The rollout broke: no reward is computed. It is reported as a failure and masked out of
+        training, unless its environment's failure rule blames the policy (an agent crash after a
+        model turn), which scores it with the environment's failure reward instead."""
         return TERMINATIONS[self].failed
 
     @property
     def retryable(self) -> bool:
-        """Running the same rollout again may succeed (a transient engine or process failure)."""
+        """The runner runs it again at once: a transient engine or process failure. (Resume runs every
+        failed rollout again, retryable or not.)"""
         return TERMINATIONS[self].retryable
 
     @property
@@ -90,7 +99,8 @@ class TerminationReason(str, Enum):
 
     @property
     def trainable(self) -> bool:
-        """Its tokens, mask and logprobs are complete up to the ending and may be trained on."""
+        """A normal ending: its tokens, mask and logprobs are complete up to it and are trained on with
+        its reward. (A failed ending is trained on only when the failure rule blames the policy.)"""
         return TERMINATIONS[self].trainable
 
 
@@ -112,6 +122,7 @@ TERMINATIONS: dict[TerminationReason, Termination] = {
     TerminationReason.CONTEXT_FULL: Termination(False, False, True, True),
     TerminationReason.MAX_TOKENS: Termination(False, False, True, True),
     TerminationReason.TIMEOUT: Termination(False, False, True, True),
+    TerminationReason.ENGINE_TIMEOUT: Termination(True, False, False, False),
     TerminationReason.USER_ENDED: Termination(False, False, False, True),
     TerminationReason.ENV_STOPPED: Termination(False, False, False, True),
     TerminationReason.ENGINE_ERROR: Termination(True, True, False, False),
@@ -158,6 +169,30 @@ class Trajectory:
                 f"{len(self.logprobs)} logprobs; all three must have the same length"
             )
         self.termination = TerminationReason(self.termination)
+
+    @classmethod
+    def empty(
+        cls,
+        task_id: str,
+        termination: TerminationReason,
+        detail: str | None = None,
+        *,
+        messages: Iterable[ChatMessage] = (),
+        info: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        """A trajectory without tokens: a rollout that never reached the engine (a failed reset, a
+        crashed worker) or one scored from its messages alone (``agentboost mcp serve``)."""
+        return cls(
+            task_id=task_id,
+            messages=list(messages),
+            token_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            segments=[],
+            termination=termination,
+            termination_detail=detail,
+            info=dict(info or {}),
+        )
 
     @property
     def prompt_length(self) -> int:

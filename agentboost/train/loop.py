@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentboost.models.precision import Precision
 from agentboost.train.checkpoint import Checkpoints
 from agentboost.train.logging import MetricsLogger
 
@@ -32,6 +33,8 @@ class TrainingLoop:
     model: Any
     optimizer: Any
     checkpointer: Checkpoints
+    precision: Precision
+    """The run's precision policy (weights and compute dtypes), said at the start of the run."""
     step: int = 0
     resumed_from: int | None = None
     eval_rewards: dict[int, float]
@@ -118,6 +121,8 @@ class TrainingLoop:
             wandb_run_name=config.logging.wandb_run_name,
             wandb_mode=config.logging.wandb_mode,
         )
+        print(f"agentboost: precision: {self.precision.describe()}", file=sys.stderr)
+        logger.log(self.step, "precision", self.precision.as_metrics())
         bar = self._progress_bar()
         began = time.monotonic()
         try:

@@ -15,6 +15,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from agentboost.errors import ConfigError
+from agentboost.models import precision as precision_module
+from agentboost.models.precision import Precision
 from agentboost.train import algorithms
 from agentboost.train.batching import TokenBatch
 from agentboost.train.config import LoraConfig, ModelConfig, OptimizerConfig
@@ -42,11 +44,18 @@ def resolve_device(model: ModelConfig) -> torch.device:
     return device
 
 
+def resolve_precision(model: ModelConfig, lora: LoraConfig, device: torch.device) -> Precision:
+    """The run's precision policy (:mod:`agentboost.models.precision`): ``model.dtype`` for the weights
+    (``auto``: float32 master weights), ``model.compute_dtype`` for the passes (``auto``: bfloat16 autocast
+    on CUDA, float32 on CPU). Warns once when full fine-tuning is asked to update bfloat16 weights."""
+    return precision_module.resolve_precision(
+        model.dtype, model.compute_dtype, device, trains=True, lora=lora.enabled
+    )
+
+
 def resolve_dtype(model: ModelConfig, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on GPU and float32 on CPU."""
-    if model.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[model.dtype]
+    """The weights' dtype of :func:`resolve_precision` (full fine-tuning)."""
+    return resolve_precision(model, LoraConfig(), device).weights
 
 
 def seed_everything(seed: int) -> None:
@@ -59,17 +68,21 @@ def seed_everything(seed: int) -> None:
         numpy.random.seed(seed % 2**32)
 
 
-def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> tuple[Any, Any]:
-    """The tokenizer and the causal LM to train (wrapped in LoRA adapters when ``lora.enabled``)."""
+def load_policy(
+    model: ModelConfig, lora: LoraConfig, device: torch.device, precision: Precision | None = None
+) -> tuple[Any, Any]:
+    """The tokenizer and the causal LM to train (wrapped in LoRA adapters when ``lora.enabled``), its
+    weights in ``precision.weights`` (default: :func:`resolve_precision`), LoRA adapters in float32."""
     from transformers import AutoModelForCausalLM
 
     from agentboost.models.tokenizers import load_tokenizer
     from agentboost.models.weights import quiet_loading, resolve_model
 
+    precision = precision or resolve_precision(model, lora, device)
     tokenizer = load_tokenizer(model.name_or_path)
     quiet_loading()
     network = AutoModelForCausalLM.from_pretrained(
-        resolve_model(model.name_or_path), dtype=resolve_dtype(model, device)
+        resolve_model(model.name_or_path), dtype=precision.weights
     ).to(device)
     if model.gradient_checkpointing:
         network.gradient_checkpointing_enable()
@@ -92,6 +105,7 @@ def load_policy(model: ModelConfig, lora: LoraConfig, device: torch.device) -> t
                 task_type="CAUSAL_LM",
             ),
         )
+        precision_module.keep_adapters_float32(network)
     return tokenizer, network
 
 
@@ -126,8 +140,10 @@ class PolicyModel:
     whose target was generated: prompts and tool results need hidden states, not [V]-sized logits.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, precision: Precision | None = None) -> None:
         self.model = model  # a transformers causal LM, or a peft model wrapping one
+        # what the passes compute in (None: the weights' dtype, no autocast); logits always in float32
+        self.precision = precision or precision_module.of_model(model)
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.decoder = causal_lm.get_decoder()
         self.head = causal_lm.get_output_embeddings()
@@ -159,9 +175,10 @@ class PolicyModel:
         the number of generated tokens in a micro-batch (49k-vocabulary fp32 logits cost 192 KiB a
         position, three times over with the softmax and its gradient).
         """
-        hidden = self.decoder(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state  # [B, T, H]
+        with self.precision.autocast():  # bfloat16 autocast over float32 weights, when the policy says so
+            hidden = self.decoder(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+            ).last_hidden_state  # [B, T, H]
         rows, columns = batch.loss_mask.nonzero(as_tuple=True)  # [N], [N]
         picked, targets = hidden[rows, columns], batch.target_ids[rows, columns]  # [N, H], [N]
         pieces, entropies = [], []
@@ -191,7 +208,10 @@ class PolicyModel:
         self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs of ``targets`` (and their entropy, when asked; else empty) from [n, H] hidden states."""
-        logits = self.head(hidden)  # [n, V]
+        if self.precision.exact:
+            logits = self.head(hidden)  # [n, V]
+        else:  # float32 logits from bfloat16 hidden states: a bfloat16 logit of 20 is 0.125 off at worst
+            logits = precision_module.head_logits(self.head, hidden)  # [n, V] float32
         logprobs = algorithms.token_logprobs(logits, targets, temperature)
         if not with_entropy:
             return logprobs, logprobs.new_zeros((0,))

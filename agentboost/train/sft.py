@@ -4,8 +4,9 @@ Two inputs, one token contract (the loss mask says which tokens the model produc
 
 - **Results JSONL** (what ``agentboost rollout`` and the trainer write): each row's Trajectory already
   holds ``token_ids`` and ``loss_mask``; they are used as they are. Rows are kept by reward
-  (``data.min_reward``) and failed rollouts are left out: rejection-sampling fine-tuning is
-  "roll out, keep the successes, train on them".
+  (``data.min_reward``) and failed rollouts are left out (policy failures too, though scored: a
+  rollout that crashed its agent is never imitated): rejection-sampling fine-tuning is "roll out,
+  keep the successes, train on them".
 - **Chat JSONL** (``{"messages": [...], "tools": [...]}``, OpenAI message form, e.g. a bigger
   model's conversations): rendered with agentboost's chat template through
   :class:`~agentboost.tokens.builder.TokenBuffer`, exactly as a rollout would be built. Each
@@ -34,7 +35,6 @@ from typing import Any, Literal
 
 import torch
 
-from agentboost.engines.base import SamplingParams
 from agentboost.errors import ConfigError, TemplateError
 from agentboost.memory import trim_heap
 from agentboost.train import config as config_module
@@ -59,6 +59,7 @@ from agentboost.train.policy import (
     make_optimizer,
     pad_token_id,
     resolve_device,
+    resolve_precision,
     seed_everything,
 )
 
@@ -289,7 +290,7 @@ def load_examples(data: SFTDataConfig, tokenizer: Any) -> tuple[list[Example], D
                     result = RolloutResult.from_dict(row)
                 except (KeyError, TypeError, ValueError) as error:
                     raise ConfigError(f"{source} is not a rollout result row: {error}") from error
-                if result.failed:
+                if result.failed or result.policy_failure:  # never imitate a rollout that crashed its agent
                     report.failed += 1
                     continue
                 if data.min_reward is not None and float(result.reward or 0.0) < data.min_reward:
@@ -337,8 +338,9 @@ class SFTTrainer(TrainingLoop):
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.model)
         seed_everything(config.seed)
-        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device)
-        self.policy = PolicyModel(self.model)
+        self.precision = resolve_precision(config.model, config.lora, self.device)
+        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device, self.precision)
+        self.policy = PolicyModel(self.model, self.precision)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
         self.gradients = FlatGradients(self.parameters)  # one buffer, outside the heap (buffers.py)
@@ -423,7 +425,7 @@ class SFTTrainer(TrainingLoop):
         """Held-out mean reward of ``eval.environment`` on ``split="test"`` (greedy by default)."""
         from agentboost.engines.local import LocalEngine
         from agentboost.envs.registry import make_environment
-        from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits
+        from agentboost.train.collect import collect_rollouts, result_metrics, training_spec
 
         evaluation = self.config.eval
         if self._environment is None:
@@ -437,26 +439,29 @@ class SFTTrainer(TrainingLoop):
                 max_batch_size=max(1, evaluation.concurrency),
                 packed_weights=False,
                 onednn_linears=False,
+                precision=self.precision,
             )
         tasks = list(self._environment.tasks(evaluation.tasks, seed=evaluation.task_seed, split="test"))
         started = time.perf_counter()
         self.model.eval()
+        spec = training_spec(
+            str(evaluation.environment),
+            environment_kwargs=evaluation.kwargs,
+            model=self.config.model,
+            rollout=RolloutConfig(max_turns=evaluation.max_turns, concurrency=evaluation.concurrency),
+            split="test",
+            tasks=len(tasks),
+            samples=evaluation.samples,
+            seed=self.config.seed + 7_777_777,
+            eval_config=evaluation,
+        )
         results = collect_rollouts(
             self._environment,
             self._engine,
             self.tokenizer,
-            self.run_dir / "evals" / f"step_{step:06d}.jsonl",
+            spec,
             tasks,
-            samples=evaluation.samples,
-            sampling=SamplingParams(temperature=evaluation.temperature),
-            limits=rollout_limits(
-                RolloutConfig(max_turns=evaluation.max_turns),
-                self._environment.limits,
-                eval_config=evaluation,
-            ),
-            seed=self.config.seed + 7_777_777,
-            concurrency=evaluation.concurrency,
-            retries=2,
+            self.run_dir / "evals" / f"step_{step:06d}.jsonl",
             on_result=self._phase(bar, f"eval @{step}", len(tasks) * evaluation.samples),
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}

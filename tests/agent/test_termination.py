@@ -185,6 +185,25 @@ def test_timeout_keeps_completed_turns(qwen_tokenizer, say):
     assert sum(trajectory.loss_mask) == 2 * len(say(ADD_CALL))
 
 
+class StalledEngine(ScriptedEngine):
+    """An engine that never answers (an overloaded server or machine)."""
+
+    async def generate(self, prompt_ids, sampling, *, max_new_tokens) -> Generation:
+        await asyncio.sleep(30)
+        raise AssertionError("unreachable: the rollout's timeout ends the wait")
+
+
+def test_a_timeout_before_the_engine_answered_once_is_the_engines_failure_not_the_policys(
+    qwen_tokenizer, say
+):
+    trajectory = rollout(qwen_tokenizer, StalledEngine([say(ADD_CALL)]), limits=RolloutLimits(timeout_s=0.5))
+    assert trajectory.termination is TerminationReason.ENGINE_TIMEOUT
+    assert trajectory.termination.failed and not trajectory.termination.trainable
+    assert "before the engine answered once" in trajectory.termination_detail
+    assert "raise --timeout or lower --concurrency" in trajectory.termination_detail
+    assert trajectory.generated_tokens == 0
+
+
 def test_engine_error_keeps_completed_turns(qwen_tokenizer, say):
     def script(prompt, index):
         if index == 1:

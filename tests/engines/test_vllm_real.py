@@ -4,7 +4,8 @@ One server for the module, started by :class:`~agentboost.engines.vllm_server.VL
 ``agentboost serve-vllm`` starts it. Every rollout is checked twice, independently: each assistant
 segment equals the server's own answer id for id, and each stored logprob equals an fp32
 teacher-forced pass of the same weights in this process (<= 1e-4). The weight-push and fault tests
-come last: they change the server's weights (then restore them) and finally stop it.
+come last: they change the server's weights (then restore them), train against it and a second server,
+and finally stop it.
 
 Needs ``$AGENTBOOST_VLLM_PYTHON`` (an interpreter that imports vllm; ``.ci/run`` makes one); skipped
 with that reason otherwise.
@@ -26,7 +27,7 @@ import pytest
 from remote_support import run
 
 from agentboost.agent.limits import RolloutLimits
-from agentboost.engines.base import Generation, SamplingParams
+from agentboost.engines.base import Generation, OneBackend, SamplingParams
 from agentboost.engines.vllm import VLLMEngine
 from agentboost.engines.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
 from agentboost.envs.base import Environment, Task
@@ -81,8 +82,9 @@ def teacher(model_dir):
     return model, load_tokenizer(model_dir)
 
 
-class Recording:
-    """The engine the rollouts use, keeping every answer the server gave, by prompt."""
+class Recording(OneBackend):
+    """The engine the rollouts use, keeping every answer the server gave, by prompt (one server: the
+    rollouts bind to the recorder itself)."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
@@ -449,6 +451,54 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     from agentboost.engines.weight_sync import WeightSync
 
     WeightSync(server.url, tmp_path / "base").push(AutoModelForCausalLM.from_pretrained(model_dir))
+
+
+def test_training_against_two_servers_keeps_each_rollout_on_one_server(server, model_dir, tmp_path):
+    """A second real server beside the module's, each behind a recording front: every turn of a
+    rollout goes to the server of its first turn, and both servers serve. One step, so the one push
+    (before it) loads the base weights again: the module's server is left as it was."""
+    from vllm_front import Chatty, LoopThread, VLLMFront, requests_per_rollout
+
+    from agentboost.train.config import config_from_dict
+    from agentboost.train.trainer import Trainer
+
+    log = tmp_path / "second.log"
+    second = VLLMServer(
+        VLLMServerConfig(
+            model=model_dir, python=vllm_python(), weight_sync=True, ready_timeout_s=900, log_path=str(log)
+        )
+    )
+    with second, LoopThread() as loop:
+        fronts = [loop.call(VLLMFront(backend.url).start()) for backend in (server, second)]
+        try:
+            config = config_from_dict(
+                {
+                    "model": {"name_or_path": model_dir},
+                    "environment": {"train_tasks": 8},
+                    "rollout": {
+                        "tasks_per_step": 2,
+                        "group_size": 2,
+                        "concurrency": 4,
+                        "vllm_url": ",".join(front.url for front in fronts),
+                    },
+                    "eval": {"every": 0},
+                    "checkpoint": {"every": 0, "save_final_model": False},
+                    "logging": {"progress": False},
+                    "steps": 1,
+                    "output_dir": str(tmp_path / "run"),
+                }
+            )
+            Trainer(config, environment=Chatty(user_turns=1, max_new_tokens=24)).train()
+        finally:
+            for front in fronts:
+                loop.call(front.close())
+    step_file = tmp_path / "run" / "rollouts" / "step_000000.jsonl"
+    counts = requests_per_rollout(step_file, fronts)
+    assert len(counts) == 4
+    for rollout, servers in counts.items():
+        assert len(servers) == 1, f"rollout {rollout} went to {servers}"
+    assert {url for servers in counts.values() for url in servers} == {front.url for front in fronts}
+    assert max(sum(servers.values()) for servers in counts.values()) >= 2  # some rollout had several turns
 
 
 def test_a_server_shut_down_mid_request_ends_it_within_the_bound_with_one_line(server):

@@ -15,7 +15,7 @@ from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, HookProvider
 
 from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits, resolve_limits
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, OneBackend, RolloutKey, SamplingParams
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode, Reward, RewardFunction, RolloutResult, Task, UserTurn
 from agentboost.errors import ConfigError, EngineError
@@ -101,7 +101,7 @@ def test_cleanup_runs_after_a_failed_rollout_and_failures_are_recorded_not_raise
     assert environment.calls == [("reset", "t2")]  # no episode: nothing to clean up
 
 
-class Hanging:
+class Hanging(OneBackend):
     """An engine whose first generation never returns, until cancelled."""
 
     context_length = None
@@ -410,7 +410,7 @@ def test_the_per_turn_budget_has_one_owner(qwen_tokenizer, say):
     with pytest.raises(TypeError, match="max_new_tokens"):  # sampling has no token budget to slip past
         SamplingParams(max_new_tokens=7)
 
-    class Budget:
+    class Budget(OneBackend):
         context_length = None
 
         def __init__(self) -> None:

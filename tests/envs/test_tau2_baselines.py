@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentboost.envs.tau2.baselines import POLICIES, run_policy
-from agentboost.envs.tau2.environment import Tau2Environment, informative
+from agentboost.envs.tau2.environment import Tau2Environment
+from agentboost.envs.tau2.integrity import training_exclusion
 from agentboost.envs.tau2.package import load_domain, scenario_text
 from agentboost.eval.evaluate import build_report, summary_text
 
@@ -22,9 +23,9 @@ def test_splits_are_disjoint_by_id_and_text_and_training_leaves_out_tasks_with_n
     assert {t.id for t in train}.isdisjoint(t.id for t in test)
     text = {t.id: scenario_text(packaged.task(t.metadata["tau2_id"])) for t in [*train, *test]}
     assert {text[t.id] for t in train}.isdisjoint(text[t.id] for t in test)
-    assert all(informative(packaged.task(t.metadata["tau2_id"])) for t in train)
-    left_out = [i for i in packaged.task_ids("train") if not informative(packaged.task(i))]
-    assert len(train) + len(left_out) == len(packaged.task_ids("train")) and left_out  # 5 airline, 3 retail
+    assert all(training_exclusion(packaged, packaged.task(t.metadata["tau2_id"])) is None for t in train)
+    left_out = [i for i in packaged.task_ids("train") if training_exclusion(packaged, packaged.task(i))]
+    assert len(train) + len(left_out) == len(packaged.task_ids("train")) and left_out  # 13 airline, 5 retail
     assert len(test) == len(packaged.task_ids("test"))  # evaluation keeps every task
     assert (env.reward_for("train"), env.reward_for("test"), env.reward_for(None)) == (
         "strict",
@@ -43,7 +44,10 @@ def test_do_nothing_policies_win_tau2_but_not_the_training_reward_on_sample_task
         assert [r.reward for r in evaluated] == [1.0, 1.0, 0.0], policy
         report = build_report(evaluated)
         assert report["do_nothing_baseline"] == pytest.approx(2 / 3)
-        assert "mean reward 0.667 (a do-nothing policy: 0.667)" in summary_text(report)
+        baselines = "(baselines: do-nothing 0.667, lookup-transfer 0.667, gold-harm 1.000)"
+        assert f"mean reward 0.667 {baselines}" in summary_text(report)  # tau2 pays all three
+        baselines = "(baselines: do-nothing 0.000, lookup-transfer 0.000, gold-harm 0.000)"
+        assert f"mean reward 0.000 {baselines}" in summary_text(build_report(trained))
 
 
 @pytest.mark.slow
@@ -53,9 +57,8 @@ def test_do_nothing_policies_win_tau2_but_not_the_training_reward_on_sample_task
 def test_every_task_pays_nothing_to_policies_that_do_nothing_under_the_training_reward(
     qwen_tokenizer, policy, domain
 ):
-    results = run_policy(policy, domain, "auto", qwen_tokenizer, split="train")
+    results = run_policy(policy, domain, "auto", qwen_tokenizer, split="train", baselines=False)
     assert len(results) == TAU2_DO_NOTHING_WINS[domain][1] and all(r.reward is not None for r in results)
     assert sum(r.reward for r in results) == 0.0  # mean 0 on all tasks under the default training reward
     wins = sum(r.reward_breakdown["tau2"] == 1.0 for r in results)  # tau2's own reward, as tau2 defines it
     assert (wins, len(results)) == TAU2_DO_NOTHING_WINS[domain]
-    assert sum(r.reward_breakdown["do_nothing_baseline"] for r in results) == TAU2_DO_NOTHING_WINS[domain][0]

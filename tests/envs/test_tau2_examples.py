@@ -18,11 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_prepare_data_writes_every_task_of_each_split_by_id(tmp_path):
     command = [sys.executable, "examples/tau2/prepare_data.py", "--domain", "retail", "--mode", "ticket"]
-    subprocess.run(
-        [*command, "--out-dir", str(tmp_path), "--verl"], cwd=ROOT, check=True, capture_output=True
+    done = subprocess.run(
+        [*command, "--out-dir", str(tmp_path), "--verl"], cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    # the tasks the training reward cannot judge are left out and listed, with the reason
+    assert "train: 5 tasks left out, the training reward cannot judge them:" in done.stdout
+    assert (
+        "): retail-24, retail-50, retail-57\n" in done.stdout and "): retail-10, retail-25\n" in done.stdout
     )
     env = Tau2Environment(domain="retail", mode="ticket")
-    for split, count in (("train", 71), ("test", 40)):  # train: the 74 packaged less 3 with no signal
+    for split, count in (("train", 69), ("test", 40)):  # train: the 74 packaged less those 5
         lines = (tmp_path / "retail-ticket" / f"{split}.jsonl").read_text().splitlines()
         tasks = [Task.from_dict(json.loads(line)) for line in lines]
         assert len(tasks) == count and tasks == env.tasks(split=split)
@@ -47,7 +52,7 @@ def test_prepare_data_refuses_overlapping_splits_unless_asked(tmp_path):
     ]
     refused = subprocess.run([*command, "--splits", "train,all"], cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode == 2
-    assert "splits train and all: 25 test problems are also training problems" in refused.stderr
+    assert "splits train and all: 17 test problems are also training problems" in refused.stderr
     assert not (tmp_path / "airline-simulator").exists()  # nothing written
     allowed = subprocess.run(
         [*command, "--splits", "train,all", "--allow-overlap"], cwd=ROOT, capture_output=True, text=True

@@ -76,7 +76,9 @@ def _succeeding(tau2_domain: Any, actions: list[dict[str, Any]]) -> list[bool]:
 
 def scripted_rollout(qwen_tokenizer, say, domain: str, tau2_id: str, actions: list[dict[str, Any]]):
     customer = ScriptedEngine([say("Hi, I need some help."), say("Thank you. ###STOP###")])
-    env = Tau2Environment(domain=domain, simulator_engine=customer, simulator_tokenizer=qwen_tokenizer)
+    env = Tau2Environment(
+        domain=domain, simulator_engine=customer, simulator_tokenizer=qwen_tokenizer, baselines=False
+    )
     task = env.task(tau2_id)
     info = " ".join(env.domain.task(tau2_id).evaluation_criteria.communicate_info or [])
     turns = [call(action["name"], action["arguments"]) for action in actions] or [""]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import runpy
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import openai
+import pytest
 from conftest import TOOL_SCRIPT, run
 from gateway_support import Calculation, forking_agent, openai_agent
 
@@ -18,6 +20,7 @@ from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.eval.evaluate import evaluate
 from agentboost.gateway.environment import AgentContext, GatewayEnvironment
+from agentboost.outcomes import FailureRule, Outcome
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
 from agentboost.train.config import AlgorithmConfig, RolloutConfig
@@ -73,7 +76,34 @@ def test_a_failing_command_is_an_agent_error_with_its_output(qwen_tokenizer, say
     )
     result = rollout(environment, ScriptedEngine([say("hi")]), qwen_tokenizer, template="qwen3")
     assert result.termination is TerminationReason.AGENT_ERROR and result.reward is None
+    assert result.outcome is Outcome.FAILED  # it never reached the model: not the policy's failure
     assert "no model for me" in result.trajectory.termination_detail
+
+
+def test_an_agent_that_crashes_after_a_model_turn_is_scored_with_the_failure_reward(qwen_tokenizer, say):
+    """The escape the audit found: an agent crash the model can provoke must not take its rollout out of
+    its group. It scores the wrapped environment's failure reward and keeps its real loss mask."""
+
+    async def crashes_on_the_answer(context: AgentContext):
+        async with openai.AsyncOpenAI(
+            base_url=context.base_url, api_key=context.api_key, max_retries=0
+        ) as client:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        raise RecursionError("maximum recursion depth exceeded")  # e.g. its calculator on a deep expression
+
+    environment = GatewayEnvironment(crashes_on_the_answer, tasks_from=Calculation())
+    result = rollout(environment, ScriptedEngine([say("Answer: 84")]), qwen_tokenizer, template="qwen3")
+    assert result.termination is TerminationReason.AGENT_ERROR
+    assert "RecursionError" in result.trajectory.termination_detail
+    assert result.outcome is Outcome.SCORED and result.reward == 0.0 and result.failure is None
+    assert result.reward_info == {"policy_failure": "agent_error"}
+    assert result.trajectory.generated_tokens == len(say("Answer: 84"))  # trained on, with its real mask
+
+    class Punishing(Calculation):
+        failure_rule = FailureRule(reward=-1.0)
+
+    environment = GatewayEnvironment(crashes_on_the_answer, tasks_from=Punishing())
+    assert rollout(environment, ScriptedEngine([say("ok")]), qwen_tokenizer, template="qwen3").reward == -1.0
 
 
 def test_a_never_ending_agent_is_stopped_by_the_rollouts_limits(qwen_tokenizer, say):
@@ -102,6 +132,62 @@ def test_a_never_ending_agent_is_stopped_by_the_rollouts_limits(qwen_tokenizer, 
     environment = GatewayEnvironment(sleeper, tasks_from=Calculation(), limits=RolloutLimits(timeout_s=1))
     result = rollout(environment, ScriptedEngine([say("ok")], cycle=True), qwen_tokenizer, template="qwen3")
     assert result.termination is TerminationReason.TIMEOUT and result.trajectory.metrics["turns"] == 1
+
+
+def test_a_session_whose_engine_never_answered_before_the_timeout_is_an_engine_failure(qwen_tokenizer, say):
+    class Stalled(ScriptedEngine):  # answers only after the rollout's timeout (the gateway waits for it)
+        async def generate(self, prompt_ids, sampling, *, max_new_tokens):
+            await asyncio.sleep(2)
+            return await super().generate(prompt_ids, sampling, max_new_tokens=max_new_tokens)
+
+    async def patient(context: AgentContext):
+        async with openai.AsyncOpenAI(
+            base_url=context.base_url, api_key=context.api_key, max_retries=0, timeout=60
+        ) as client:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+    environment = GatewayEnvironment(patient, tasks_from=Calculation(), limits=RolloutLimits(timeout_s=0.5))
+    result = rollout(environment, Stalled([say("ok")]), qwen_tokenizer, template="qwen3")
+    assert result.termination is TerminationReason.ENGINE_TIMEOUT, result.trajectory.termination_detail
+    assert "before the engine answered once" in result.trajectory.termination_detail
+    assert result.reward is None and result.failure == "engine_timeout"
+
+
+def test_the_example_agent_reads_its_own_crashing_calculator_calls_as_tool_errors(qwen_tokenizer, say):
+    """The two calls that crashed the shipped agent (RecursionError, OverflowError in float()) are
+    answered with an error the model reads; the rollout goes on and is scored."""
+    deep, huge = "-" * 1500 + "1", " * ".join(["9" * 20] * 20)
+    calls = "\n".join(
+        f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+        for expression in (deep, huge)
+    )
+    environment = GatewayEnvironment(command=[sys.executable, str(EXAMPLE_AGENT)], tasks_from=Calculation())
+    engine = ScriptedEngine([say(calls), say("Answer: 84")])
+    result = rollout(environment, engine, qwen_tokenizer, template="qwen3")
+    assert result.termination is TerminationReason.COMPLETED, result.trajectory.termination_detail
+    assert result.reward == 1.0
+    tool_messages = [m["content"] for m in result.trajectory.messages if m["role"] == "tool"]
+    assert tool_messages == [
+        "Error: the expression nests more than 100 operations",
+        "Error: a value has more than 300 digits",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("expression", "says"),
+    [
+        ("-" * 1500 + "1", "nests more than 100 operations"),  # was RecursionError
+        (" * ".join(["9" * 20] * 20), "more than 300 digits"),  # was OverflowError in float()
+        ("1e200 * 1e200", "more than 300 digits"),  # inf
+        ("-" * 200_000 + "1", "nests more than 100 operations"),  # the parser's own MemoryError
+        ("9" * 5000, "Exceeds the limit"),  # int-string conversion limit
+        ("(12 + 30) * 2 / 0", "division by zero"),
+    ],
+)
+def test_the_example_calculator_answers_arguments_that_crashed_it_with_an_error(expression, says):
+    calculate = runpy.run_path(str(EXAMPLE_AGENT))["calculate"]
+    answer = calculate(expression)
+    assert answer.startswith("Error: ") and says in answer
 
 
 def test_forked_rows_survive_evaluation_and_each_trains_with_the_rollouts_advantage(

@@ -264,6 +264,7 @@ def test_worker_runs_parquet_rows_into_a_padded_batch_with_exact_logprobs(
     assert output.non_tensor_batch["__num_turns__"].tolist() == [2, 2]
     assert output.meta_info["reward_extra_keys"] == [
         "failed",
+        "policy_failure",
         "turns",
         "tool_calls",
         "parse_errors",
@@ -305,6 +306,7 @@ def test_tool_turns_are_masked_out_and_the_reward_lands_on_the_last_token(worker
     assert output.extra_fields["agentboost"]["termination"] == "completed"
     assert output.extra_fields["reward_extra_info"] == {
         "failed": 0.0,
+        "policy_failure": 0.0,
         "turns": 2.0,
         "tool_calls": 1.0,
         "parse_errors": 0.0,
@@ -599,3 +601,44 @@ def test_a_forked_gateway_session_trains_its_last_row_and_reports_the_others(wor
         {"reason": "assistant_edited", "position": 1, "row": 0, "turn": 1, "policy": "fork"}
     ]
     assert extra["reward_extra_info"]["forked_rows"] == 1.0  # veRL logs it; that row is not trained here
+
+
+CRASHING_AGENT = """
+import openai
+client = openai.OpenAI(max_retries=0)
+if {ask}:
+    client.chat.completions.create(model="policy", messages=[{{"role": "user", "content": "hi"}}])
+raise SystemExit("the agent crashed")
+"""
+
+
+def test_a_failure_the_policy_caused_trains_with_its_real_mask_and_the_failure_reward(worker, say):
+    """The local trainer's rule: an agent that crashed after a model turn is scored, not masked."""
+    task = generate_tasks(1, seed=3)[0]
+    server = scripted_server(say, [f"Answer: {task.ground_truth}"])
+    command = [sys.executable, "-c", CRASHING_AGENT.format(ask=True)]
+
+    output = run_loop(worker, server, gateway_row(task, command))
+
+    answer = say(f"Answer: {task.ground_truth}")
+    assert output.response_ids == answer and output.response_mask == [1] * len(answer)
+    assert output.response_logprobs == [-0.5] * len(answer)
+    assert output.reward_score == 0.0  # the environment's failure reward (its FailureRule)
+    extra = output.extra_fields
+    assert extra["agentboost"]["termination"] == "agent_error" and extra["agentboost"]["error"] is None
+    assert extra["reward_extra_info"]["failed"] == 0.0 and extra["reward_extra_info"]["policy_failure"] == 1.0
+
+
+def test_an_agent_that_crashed_before_the_model_acted_is_an_infrastructure_failure(worker, say):
+    """Masked as the local trainer masks it; veRL keeps it in its GRPO group with reward 0 (docs/verl.md)."""
+    task = generate_tasks(1, seed=3)[0]
+    server = scripted_server(say, [f"Answer: {task.ground_truth}"])
+    command = [sys.executable, "-c", CRASHING_AGENT.format(ask=False)]
+
+    output = run_loop(worker, server, gateway_row(task, command))
+
+    assert output.response_mask == [0] * len(output.response_ids) and output.reward_score == 0.0
+    assert output.extra_fields["agentboost"]["error"].startswith("agent_error: ")
+    assert output.extra_fields["reward_extra_info"]["failed"] == 1.0
+    assert output.extra_fields["reward_extra_info"]["policy_failure"] == 0.0
+    assert server.requests == []

@@ -47,7 +47,7 @@ from agentboost.sandbox.testcases import STDOUT_COMPARISONS
 from agentboost.tokens.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentboost.eval.stats import Table
+    from agentboost.tables import Table
 
 TOOL_NAME = "run_tests"
 

@@ -11,8 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from agentboost.envs.base import RolloutResult
-from agentboost.eval.stats import (
+from agentboost.outcomes import RolloutResult
+from agentboost.tables import (
     CALL_BUCKETS,
     GROUP_COLUMNS,
     Table,

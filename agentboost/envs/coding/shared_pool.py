@@ -1,8 +1,9 @@
 """One sandbox pool per process (and pool size), shared by every concurrent rollout.
 
 A :class:`~agentboost.sandbox.SandboxPool` belongs to the event loop it started in. Rollouts of one
-process share a loop most of the time, but the local trainer runs each step's rollouts in a fresh
-``asyncio.run`` loop, and worker processes and veRL workers have loops of their own. So the pool is made
+process share a loop most of the time (the local trainer runs every step's rollouts in one loop), but
+a program may run one ``asyncio.run`` loop after another, and worker processes and veRL workers have
+loops of their own. So the pool is made
 lazily, in the running loop, on first use; when a later loop asks, the pool of a loop that has ended is
 closed (its workers stopped) and a new one started for the new loop. Pools still open when the process
 exits are closed then.

@@ -142,14 +142,10 @@ class EnvironmentServer:
         if session is None:
             return json.dumps({"reward": None, "error": "no episode: call start_task or a tool first"})
         task = session.episode.task
-        trajectory = Trajectory(
-            task_id=task.id,
+        trajectory = Trajectory.empty(
+            task.id,
+            TerminationReason.COMPLETED,
             messages=[*task.messages, {"role": "assistant", "content": final_text}],
-            token_ids=[],
-            loss_mask=[],
-            logprobs=[],
-            segments=[],
-            termination=TerminationReason.COMPLETED,
         )
         try:
             reward = await self.environment.score(trajectory, session.episode)
@@ -240,9 +236,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     kwargs = parse_json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     if args.http is not None:
-        port = args.http.rpartition(":")[2]
+        host, _, port = args.http.rpartition(":")
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--http must be HOST:PORT such as 127.0.0.1:8765, got {args.http!r}")
+        from agentboost.cli_args import claim_port
+
+        claim_port(host or "127.0.0.1", int(port), "--http port")
     environment = make_environment(args.env, kwargs)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(environment, split=args.split, http=args.http))

@@ -35,6 +35,8 @@ from typing import Any
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.base import Environment, Episode, Reward, Task, UserTurn
+from agentboost.envs.tau2.baselines import baseline_rewards
+from agentboost.envs.tau2.integrity import training_exclusion
 from agentboost.envs.tau2.package import (
     SPLITS,
     Domain,
@@ -43,7 +45,7 @@ from agentboost.envs.tau2.package import (
     pick,
     scenario_text,
 )
-from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
+from agentboost.envs.tau2.reward import score, to_tau2_messages
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
 from agentboost.errors import ConfigError, EngineError, UnscorableError
@@ -54,9 +56,10 @@ from agentboost.tokens.trajectory import TerminationReason, Trajectory
 MODES = ("simulator", "ticket")
 OPENING_PLACEHOLDER = "(the simulated customer's first message, written when the rollout starts)"
 REWARDS = ("auto", "tau2", "strict", "toolrl")
-"""``tau2``: tau2's own reward; ``strict``: tau2's reward, and every gold action performed, on tasks
-whose gold does something (0 elsewhere); ``auto`` (the default): ``strict`` on tasks of the train split,
-``tau2`` on every other split; ``toolrl``: the ToolRL-style score. See docs/tau2.md."""
+"""``tau2``: tau2's own reward; ``strict``: tau2's reward, every gold action performed and no side
+effect (:mod:`agentboost.envs.tau2.integrity`), on tasks the training split keeps (0 elsewhere);
+``auto`` (the default): ``strict`` on tasks of the train split, ``tau2`` on every other split;
+``toolrl``: the ToolRL-style score. See docs/tau2.md."""
 
 TICKET_INSTRUCTION = (
     "This request arrived as a written support ticket. The customer cannot answer questions: act on "
@@ -90,7 +93,10 @@ def ticket_text(task: Any) -> str:
 
 class Tau2Environment(Environment):
     """tau2-bench: ``domain`` airline | retail | mock, ``mode`` simulator | ticket, ``reward`` auto | tau2 |
-    strict | toolrl (see :data:`REWARDS`).
+    strict | toolrl (see :data:`REWARDS`). ``baselines`` (default on) records, beside every reward, what
+    three scripted policies earn on the task under the same reward mode (do nothing; the gold's lookups
+    then a transfer; the gold plus a read of another customer's profile): computed once per task and
+    reward mode per process (:func:`agentboost.envs.tau2.baselines.baseline_rewards`).
 
     The simulated customer runs on the agent's own engine unless ``simulator_engine`` names another:
     an :class:`~agentboost.engines.base.Engine` object, or ``"sglang"`` / ``"vllm"`` with
@@ -114,6 +120,7 @@ class Tau2Environment(Environment):
         simulator_temperature: float = 1.0,
         simulator_max_new_tokens: int = 256,
         simulator_retries: int = 2,
+        baselines: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"tau2 mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -132,6 +139,7 @@ class Tau2Environment(Environment):
         self._simulator_max_new_tokens = check_max_new_tokens(simulator_max_new_tokens)
         self._simulator_retries = simulator_retries
         self._simulator: UserSimulator | None = None
+        self.baselines = baselines
 
     # --- tasks ------------------------------------------------------------------------------------
 
@@ -139,9 +147,19 @@ class Tau2Environment(Environment):
         if split not in SPLITS:
             raise ConfigError(f"tau2 split must be one of {', '.join(SPLITS)}, got {split!r}")
         ids = self.domain.task_ids(split)
-        if self.reward_for(split) == "strict":  # tasks no policy can earn anything on teach nothing
-            ids = [task_id for task_id in ids if informative(self.domain.task(task_id))]
+        if self.reward_for(split) == "strict":  # tasks the training reward cannot judge teach nothing
+            excluded = self.training_exclusions(split)
+            ids = [task_id for task_id in ids if task_id not in excluded]
         return [self.task(task_id, split=split) for task_id in pick(ids, n, seed)]
+
+    def training_exclusions(self, split: str = "train") -> dict[str, str]:
+        """The tasks of ``split`` the training reward leaves out, tau2 id -> reason key (the reasons:
+        :data:`agentboost.envs.tau2.integrity.EXCLUSIONS`); computed from the task data."""
+        return {
+            task_id: reason
+            for task_id in self.domain.task_ids(split)
+            if (reason := training_exclusion(self.domain, self.domain.task(task_id))) is not None
+        }
 
     def reward_for(self, split: str | None) -> str:
         """The reward mode of a task drawn from ``split`` (``auto``: strict for train, else tau2)."""
@@ -238,16 +256,9 @@ class Tau2Environment(Environment):
 
     async def reset(self, task: Task, *, sample: int = 0) -> Episode:
         tau2_task = self._tau2_task(task)
-        environment = self.domain.fresh_environment()
-        history = []
-        if tau2_task.initial_state is not None:
-            state = tau2_task.initial_state
-            history = list(state.message_history or [])
-            environment.set_state(
-                initialization_data=state.initialization_data,
-                initialization_actions=state.initialization_actions,
-                message_history=history,
-            )
+        environment = self.domain.task_environment(tau2_task)
+        state = tau2_task.initial_state
+        history = list(state.message_history or []) if state is not None else []
         episode = Episode(task, sample)
         episode.state.update(
             tau2_task=tau2_task,
@@ -316,73 +327,31 @@ class Tau2Environment(Environment):
         tau2_task = episode.state["tau2_task"]
         log: ToolLog = episode.state["log"]
         conversation = to_tau2_messages(episode_messages(trajectory), log, episode.state["history"])
-        tau2_value, breakdown, facts = tau2_evaluation(self.domain, tau2_task, conversation)
-        clean = self.ended_cleanly(trajectory, episode)
-        if not clean:
-            facts["note"] = (
-                f"the conversation ended with {trajectory.termination.value} "
-                f"({trajectory.termination_detail}); tau2 scores it 0"
-            )
-            tau2_value = 0.0
-        breakdown["tau2"] = tau2_value
-        breakdown["ended_cleanly"] = float(clean)
         predicted = [
             (call["function"]["name"], call["function"].get("arguments") or {})
             for message in trajectory.messages
             if message.get("role") == "assistant"
             for call in message.get("tool_calls") or []
         ]
-        gold = [(action["name"], action["arguments"]) for action in episode.task.ground_truth or []]
         well_formed = trajectory.metrics.get("parse_errors", 0) == 0 and trajectory.termination not in (
             TerminationReason.MAX_TOKENS,
         )
-        toolrl_value, toolrl_parts = toolrl_reward(predicted, gold, well_formed=well_formed)
-        breakdown.update(toolrl_parts)
-        breakdown["tool_calls_executed"] = float(len(log.calls))
-        all_actions = breakdown["actions_matched"] == breakdown["actions_total"]
-        breakdown["strict"] = tau2_value if all_actions and informative(tau2_task) else 0.0
-        breakdown["do_nothing_baseline"] = do_nothing_reward(self.domain, tau2_task)
+        breakdown, facts = score(
+            self.domain,
+            tau2_task,
+            conversation,
+            log,
+            episode.state["environment"].tools.db,
+            clean=self.ended_cleanly(trajectory, episode),
+            predicted=predicted,
+            well_formed=well_formed,
+            ending=f"{trajectory.termination.value} ({trajectory.termination_detail})",
+        )
         kind = self.reward_for(episode.task.metadata.get("split"))
-        value = {"tau2": tau2_value, "strict": breakdown["strict"], "toolrl": toolrl_value}[kind]
-        return Reward(value, breakdown, {**facts, "reward": kind})
-
-
-def informative(tau2_task: Any) -> bool:
-    """The task's gold does something a do-nothing policy does not: an action other than a transfer.
-
-    On the others (gold: no action, or only a transfer to a human) doing nothing, or transferring at
-    once, IS the gold behaviour as far as any rule-based check can tell (their intent lives in
-    natural-language assertions tau2 leaves to an LLM judge): they carry no training signal.
-    """
-    criteria = tau2_task.evaluation_criteria
-    return any(
-        action.requestor == "assistant" and action.name != TRANSFER_TOOL
-        for action in (criteria.actions or [] if criteria else [])
-    )
-
-
-_DO_NOTHING: dict[tuple[str, str], float] = {}
-
-
-def do_nothing_reward(domain: Domain, tau2_task: Any) -> float:
-    """tau2's own reward for a do-nothing conversation on this task (one polite line, then the
-    customer leaves): 1.0 where the gold leaves the database unchanged and asks for no statement.
-    Recorded beside every tau2 reward so reports can print the baseline a policy must beat."""
-    key = (domain.name, tau2_task.id)
-    if key not in _DO_NOTHING:
-        from agentboost.envs.tau2.package import tau2_module
-
-        types = tau2_module("tau2.data_model.message")
-        history = list(tau2_task.initial_state.message_history or []) if tau2_task.initial_state else []
-        conversation = [
-            *history,
-            types.AssistantMessage(role="assistant", content=AGENT_GREETING),
-            types.UserMessage(role="user", content="Hi, I need some help."),
-            types.AssistantMessage(role="assistant", content="I am sorry, I am unable to help with that."),
-            types.UserMessage(role="user", content="###STOP###"),
-        ]
-        _DO_NOTHING[key] = tau2_evaluation(domain, tau2_task, conversation)[0]
-    return _DO_NOTHING[key]
+        if self.baselines:
+            for name, values in baseline_rewards(self.domain, tau2_task).items():
+                breakdown[f"{name}_baseline"] = values[kind]
+        return Reward(breakdown[kind], breakdown, {**facts, "reward": kind})
 
 
 def episode_messages(trajectory: Trajectory) -> list[dict[str, Any]]:

@@ -121,11 +121,25 @@ class Domain:
     tasks_by_id: dict[str, Any]
     splits: dict[str, list[str]]
     write_tools: frozenset[str]
+    tool_names: frozenset[str]
 
     def fresh_environment(self) -> Any:
         """A tau2 Environment over a fresh copy of the domain database (one per rollout)."""
         model, text = _pristine_db(self.name)
         return self.make_environment(db=model.model_validate_json(text))  # 3-5x faster than a deep copy
+
+    def task_environment(self, task: Any) -> Any:
+        """A fresh environment in the state ``task`` starts from (its ``initial_state`` applied as tau2
+        applies it): where a rollout, the gold replay and every baseline begin."""
+        environment = self.fresh_environment()
+        state = task.initial_state
+        if state is not None:
+            environment.set_state(
+                initialization_data=state.initialization_data,
+                initialization_actions=state.initialization_actions,
+                message_history=list(state.message_history or []),
+            )
+        return environment
 
     def task_ids(self, split: str) -> list[str]:
         if split == "all" or not self.splits:  # mock ships no train/test split: every split is all
@@ -177,6 +191,7 @@ def load_domain(name: str) -> Domain:
         tasks_by_id={task.id: task for task in tasks},
         splits=splits,
         write_tools=write_tools,
+        tool_names=frozenset(tool.name for tool in environment.get_tools()),
     )
 
 

@@ -7,6 +7,10 @@ database, replayed from the recorded tool calls on a fresh environment, must equ
 actions produce), COMMUNICATE (each required string appears in an agent message), ENV_ASSERTION and
 ACTION where a task asks for them. NL assertions need an LLM judge and are not evaluated.
 
+The training reward (``strict``, :func:`score`) is tau2's reward, and every gold action done, and no
+side effect (:mod:`agentboost.envs.tau2.integrity`: other customers' records read or written, writes
+undone, refused writes, a needless transfer), on tasks the training split keeps; 0 otherwise.
+
 The ToolRL-style reward (Qian et al., 2025, used by the single-turn "ticket" design) compares the
 agent's tool calls with the gold action sequence: a format term in {0, 1} plus a correctness term
 in [-3, 3], so it ranges over [-3, 4]. It never looks at the database, so a policy can score on it
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentboost.envs.tau2.integrity import EXCLUSIONS, gold_actions, side_effects, training_exclusion
 from agentboost.envs.tau2.package import Domain, tau2_module
 from agentboost.envs.tau2.tools import ToolLog
 
@@ -125,6 +130,46 @@ def tau2_evaluation(
     if tasks.RewardType.NL_ASSERTION in basis:
         facts["unevaluated"] = "NL_ASSERTION (needs an LLM judge)"
     return reward, breakdown, facts
+
+
+def score(
+    domain: Domain,
+    tau2_task: Any,
+    conversation: list[Any],
+    log: ToolLog,
+    db: Any,
+    *,
+    clean: bool,
+    predicted: Sequence[tuple[str, Mapping[str, Any]]],
+    well_formed: bool,
+    ending: str = "",
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Every reward mode's value for one finished conversation, with the parts (breakdown, facts).
+
+    ``tau2``: tau2's reward (0 for a conversation cut short: ``clean`` False, ``ending`` says how).
+    ``strict`` (the training reward): tau2's reward where every gold action was done, the task is not
+    left out of training, and the rollout had no side effect (``integrity``); 0 otherwise, with the
+    side effects listed in the facts. ``toolrl``: the ToolRL-style score of ``predicted`` calls.
+    ``log`` holds the calls tau2 executed over ``db`` (the rollout's database, for record owners).
+    """
+    tau2_value, breakdown, facts = tau2_evaluation(domain, tau2_task, conversation)
+    if not clean:
+        facts["note"] = f"the conversation ended with {ending}; tau2 scores it 0"
+        tau2_value = 0.0
+    breakdown["tau2"] = tau2_value
+    breakdown["ended_cleanly"] = float(clean)
+    gold = [(action.name, action.arguments) for action in gold_actions(tau2_task)]
+    breakdown.update(toolrl_reward(predicted, gold, well_formed=well_formed)[1])
+    breakdown["tool_calls_executed"] = float(len(log.calls))
+    effects = side_effects(domain, tau2_task, log, db)
+    exclusion = training_exclusion(domain, tau2_task)
+    all_actions = breakdown["actions_matched"] == breakdown["actions_total"]
+    breakdown["side_effects"] = float(len(effects))
+    breakdown["strict"] = tau2_value if all_actions and exclusion is None and not effects else 0.0
+    facts["side_effects"] = effects
+    if exclusion is not None:
+        facts["training_exclusion"] = f"{exclusion}: {EXCLUSIONS[exclusion]}"
+    return breakdown, facts
 
 
 # --- ToolRL-style reward ---------------------------------------------------------------------------

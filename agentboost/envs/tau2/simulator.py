@@ -33,6 +33,7 @@ from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.tau2.package import stop_markers, user_guidelines, user_system_prompt_frame
 from agentboost.errors import AgentBoostError
 from agentboost.tokens.parsers import split_reasoning
+from agentboost.tokens.plain_text import encode_messages
 from agentboost.tokens.templates import ChatTemplate, template_for
 
 AGENT_GREETING = "Hi! How can I help you today?"
@@ -104,8 +105,8 @@ class UserSimulator:
 
     def render(self, scenario: str, conversation: Sequence[Mapping[str, Any]]) -> list[int]:
         messages = [{"role": "system", "content": simulator_prompt(scenario)}, *flip_roles(conversation)]
-        text = self.template.render(messages, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # the agent's words are the policy's: they never become the customer model's control tokens
+        return encode_messages(self.tokenizer, self.template, messages)
 
     async def reply(
         self, scenario: str, conversation: Sequence[Mapping[str, Any]], *, seed: int | None = None

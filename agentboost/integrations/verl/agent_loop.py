@@ -15,8 +15,8 @@ veRL's output:
     metrics            generation time, time outside generation, reward time, preemptions
     extra_fields       "agentboost": termination, error, task id, reward breakdown, trajectory metrics,
                        a gateway session's drift record;
-                       "reward_extra_info": failed, turns, tool_calls, parse_errors, forked_rows
-                       (numbers veRL logs)
+                       "reward_extra_info": failed, policy_failure, turns, tool_calls, parse_errors,
+                       forked_rows (numbers veRL logs)
 
 Any environment runs here, a :class:`~agentboost.gateway.environment.GatewayEnvironment` included: its
 rollout starts an in-process gateway in front of this loop's engine, so an unmodified agent's turns go
@@ -30,10 +30,18 @@ with ``context_full`` instead of being cut mid-turn; tool results appended after
 carry no training signal and are left out of the response. A first prompt longer than
 ``rollout.prompt_length`` is refused before any generation.
 
-``run`` never raises: veRL would drop the rollout's whole group, or the whole batch. A rollout that
-failed (engine, template or agent error, a failed reward, an overlong prompt, a bad row, no generated
-token) becomes a valid output with an all-zero response mask, reward 0.0 and the error in
-``extra_fields["agentboost"]["error"]``; it still counts in its GRPO group's mean and std.
+Failures follow the one rule the local trainer follows (:class:`~agentboost.outcomes.FailureRule`, the
+environment's ``failure_rule``). A failure the policy caused (by default an ``agent_error`` after the
+policy generated, e.g. a gateway agent that crashed on tool arguments the model wrote) is a scored
+rollout: its real response mask and the environment's failure reward (0.0 by default), with
+``reward_extra_info["policy_failure"] = 1``. Every other failure (engine error or timeout, a crashed
+agent before any model turn, a failed reward, an overlong prompt, a bad row, no generated token) is
+infrastructure's. ``run`` never raises (veRL would drop the rollout's whole group, or the whole batch):
+such a rollout becomes a valid output with an all-zero response mask, reward 0.0 and the error in
+``extra_fields["agentboost"]["error"]``. The one difference from the local trainer, which veRL forces:
+veRL cannot remove a member from its GRPO group (every output of a prompt enters the group's mean and
+std), so the masked member still counts there with reward 0.0, where the local trainer leaves it out
+of the group (docs/verl.md, "Failed rollouts").
 """
 
 from __future__ import annotations
@@ -50,11 +58,12 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from agentboost.agent.limits import resolve_limits
 from agentboost.engines.base import SamplingParams
-from agentboost.envs.base import Environment, RolloutResult
+from agentboost.envs.base import Environment
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task
 from agentboost.integrations.verl.data import RowTask, read_row
 from agentboost.integrations.verl.engine import VerlServerEngine
+from agentboost.outcomes import Outcome, RolloutResult
 from agentboost.tokens.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -186,11 +195,11 @@ class AgentBoostAgentLoop(AgentLoopBase):
         )
 
     def _error(self, result: RolloutResult, prompt_end: int, response_end: int) -> str | None:
-        """Why this rollout cannot train the policy, or None."""
+        """Why this rollout cannot train the policy, or None (a scored rollout, a policy failure included)."""
         trajectory = result.trajectory
-        if not trajectory.termination.trainable:
-            return f"{trajectory.termination.value}: {trajectory.termination_detail}"
-        if result.reward is None:
+        if result.outcome is not Outcome.SCORED:
+            if trajectory.termination.failed:
+                return f"{trajectory.termination.value}: {trajectory.termination_detail}"
             return f"reward failed: {result.reward_error} (the rollout ended {trajectory.termination.value})"
         if prompt_end > self.prompt_length:
             return f"the prompt has {prompt_end} tokens; rollout.prompt_length is {self.prompt_length}"
@@ -273,6 +282,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
     ) -> dict[str, Any]:
         trajectory = result.trajectory if result is not None else None
         metrics = dict(trajectory.metrics) if trajectory is not None else {}
+        policy_failure = error is None and result is not None and result.policy_failure  # scored, trained
         extra: dict[str, Any] = {
             "agentboost": {
                 "task_id": result.task_id if result is not None else task_id,
@@ -288,6 +298,7 @@ class AgentBoostAgentLoop(AgentLoopBase):
             # numbers only, the same keys for every sample: veRL logs them per data source
             "reward_extra_info": {
                 "failed": 1.0 if error is not None else 0.0,
+                "policy_failure": 1.0 if policy_failure else 0.0,
                 "turns": float(metrics.get("turns", 0)),
                 "tool_calls": float(metrics.get("tool_calls", 0)),
                 "parse_errors": float(metrics.get("parse_errors", 0)),
