@@ -82,6 +82,19 @@ def test_the_readme_lists_the_quick_starts_this_test_runs():
     assert len(outs) == len(set(outs)), f"two quick starts write the same file: {outs}"
 
 
+def test_no_two_readme_commands_write_the_same_file():
+    """A second command writing a file the first one wrote is refused (it asks for --force): every
+    `-o` / `--out` in the README, in its command blocks and in its prose, names a file of its own."""
+    inline = [shlex.split(" ".join(text.split())) for text in re.findall(r"`(agentboost [^`]+)`", README)]
+    outs = []
+    for words in [*readme_commands(), *inline]:
+        for flag in ("-o", "--out"):
+            if flag in words[:-1]:
+                outs.append(words[words.index(flag) + 1])
+    repeated = sorted({out for out in outs if outs.count(out) > 1})
+    assert not repeated, f"README commands that write the same file: {repeated}"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about ten model-loading commands: minutes on a busy 2-core machine
 def test_the_quick_starts_run_in_the_order_written(tmp_path):
@@ -118,6 +131,7 @@ def test_the_quick_starts_run_in_the_order_written(tmp_path):
         assert (work / "runs" / made).exists(), made
     report = json.loads((work / "runs" / "eval" / "base.json").read_text())
     assert report["rollouts"] == 2
-    assert (work / "report.html").stat().st_size > 0 and (work / "sft.jsonl").exists()
+    assert (work / "runs" / "eval" / "base.html").stat().st_size > 0
+    assert (work / "runs" / "eval" / "sft.jsonl").exists()
     assert list((work / "runs" / "eval" / "plots").glob("*.png"))
     assert not (home / "data").exists(), "the veRL dry run wrote its tasks into ~/data"

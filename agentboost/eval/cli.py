@@ -60,6 +60,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
     write_report(report, report_path)
     print(summary_text(report))
     print(f"({summary.skipped} rollouts resumed from {out}) report -> {report_path}")
+    if summary.hint:
+        print(summary.hint)
     return 0
 
 

@@ -112,13 +112,20 @@ class RunSummary:
             line = f"{self.environment}: {line}"
         if self.out:
             line = f"{line} -> {self.out}"
-        if self.engine_never_answered:
-            line += (
-                f"\n{self.engine_never_answered} of {self.completed} rollouts ran out of time before the "
-                "engine answered once: the machine or the engine is overloaded, or the timeout is too "
-                "short for it; raise --timeout or lower --concurrency (they say nothing about the model)"
-            )
+        if self.hint:
+            line += f"\n{self.hint}"
         return line
+
+    @property
+    def hint(self) -> str | None:
+        """The cause and the fix when rollouts ran out of time before the engine answered once."""
+        if not self.engine_never_answered:
+            return None
+        return (
+            f"{self.engine_never_answered} of {self.completed} rollouts ran out of time before the "
+            "engine answered once: the machine or the engine is overloaded, or the timeout is too "
+            "short for it; raise --timeout or lower --concurrency (they say nothing about the model)"
+        )
 
 
 def job_seed(base: int, task_id: str, sample: int) -> int:

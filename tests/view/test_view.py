@@ -203,6 +203,7 @@ def test_empty_and_crashed_results_render(tmp_path):
             if name == "crashed.html":
                 page.click("#rows tbody tr[data-index='0']")
                 assert "worker_crashed" in page.text_content("#detail-facts")
+                assert "(no reward: the worker crashed)" in page.text_content("#detail-facts")  # why
             else:
                 assert page.text_content("#count") == "0 rollouts"
             assert problems == []
