@@ -46,8 +46,6 @@ class DriftPolicy(str, Enum):
     """Answer the request with an error (HTTP 400, code ``history_diverged``); the row is unchanged."""
 
 
-
-
 @dataclass
 class ChatRequest:
     """One chat request in the gateway's own terms, whichever API it came through.
