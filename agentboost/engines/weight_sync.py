@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
 from agentboost.engines.transport import error_message, normalize_urls
 from agentboost.engines.vllm_server import WORKER_EXTENSION_DIR
-from agentboost.errors import StaleRolloutError, WeightSyncError
+from agentboost.errors import ServersDownError, StaleRolloutError, WeightSyncError
 
 if TYPE_CHECKING:
     from agentboost.engines.prefix_cache import PrefixCacheStats
@@ -195,6 +195,11 @@ class SyncedVLLMEngine:
     def server_for(self, rollout: RolloutKey) -> str | None:
         """The server ``rollout`` is bound to (None before its first request or after unbind)."""
         return self.engine.server_for(rollout)
+
+    def outage(self) -> ServersDownError | None:
+        """The error the run stops with once every server has refused connections for the whole
+        server-down budget (:meth:`RemoteEngine.outage`); None while one answers."""
+        return self.engine.outage()
 
     def sync_weights(self) -> int:
         """Push the trainer's weights to every server now; returns the new version. Blocking: call it

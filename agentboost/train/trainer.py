@@ -123,6 +123,7 @@ class Trainer(TrainingLoop):
         self.engine: TrainableEngine = check_engine(self._make_engine(), TrainableEngine)
         self._weights_changed = True  # the engine may hold other weights than the trainer's start
         self._rollout_loop = asyncio.Runner()  # every collection's event loop: the engine's connections
+        self._closed = False
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
             self.environment.tasks(
@@ -276,7 +277,10 @@ class Trainer(TrainingLoop):
 
     def close(self) -> None:
         """Close the engine in the event loop its rollouts ran in (its connections live there), then
-        that loop."""
+        that loop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._rollout_loop.run(self.engine.aclose())
         finally:

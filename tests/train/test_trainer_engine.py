@@ -170,6 +170,7 @@ def test_training_against_two_servers_keeps_each_rollout_on_one_server(toy_model
         first_generation = next(i for i, path in enumerate(paths) if path.startswith("/v1/completions"))
         assert paths.index("/collective_rpc") < first_generation
     assert trainer.engine.sync.version == 2
+    assert trainer.engine.engine._client._sessions == {}  # the connection pool was closed at the end
 
 
 # --- resuming a step --------------------------------------------------------------------------------
