@@ -2,8 +2,9 @@
 
 The tests' toy task (tests/train/train_toy_env.py: reward 1 when the reply's first token is a line
 break) and their tiny random Qwen3 with the real Qwen3 vocabulary, trained by the whole loop
-(embedded engine rollouts, GRPO update, evaluation, checkpoints) in three set-ups: full fine-tuning in
-float32, full fine-tuning in bfloat16, and LoRA in bfloat16 with the truncated importance-sampling
+(embedded engine rollouts, GRPO update, evaluation, checkpoints) in four set-ups: full fine-tuning in
+float32, full fine-tuning of float32 master weights in bfloat16 autocast compute (what ``auto`` picks on
+a GPU), full fine-tuning of bfloat16 weights, and LoRA in bfloat16 with the truncated importance-sampling
 correction. Each prints held-out reward before and after, the engine-vs-trainer logprob mismatch
 (``mismatch/logprob_abs_diff`` and its max, ``mismatch/kl``), seconds a step and peak GPU memory.
 
@@ -34,8 +35,9 @@ from agentboost.train.logging import read_metrics  # noqa: E402
 from agentboost.train.trainer import Trainer  # noqa: E402
 
 SETUPS = {
-    "float32, full": {"model": {"dtype": "float32"}},
-    "bfloat16, full": {"model": {"dtype": "bfloat16"}},
+    "float32, full": {"model": {"dtype": "float32", "compute_dtype": "float32"}},
+    "float32 weights, bfloat16 compute, full (auto on a GPU)": {"model": {"compute_dtype": "bfloat16"}},
+    "bfloat16 weights, full (warns)": {"model": {"dtype": "bfloat16"}},
     "bfloat16, LoRA + TIS": {
         "model": {"dtype": "bfloat16"},
         "lora": {

@@ -17,7 +17,9 @@ It prints one table: held-out before / after SFT / after GRPO, SFT loss, the GRP
 
     python benchmarks/gpu_check.py                      # both precisions, about 6 minutes on one GPU
     python benchmarks/gpu_check.py --precisions auto    # one of them
-    python benchmarks/gpu_check.py --device cpu --tiny  # the script's own smoke test on a CPU (~1 min)
+    python benchmarks/gpu_check.py --device cpu --tiny --precisions bfloat16 float32
+                                                        # the script's own smoke test on a CPU (~5 min
+                                                        # on 2 busy cores), bfloat16 autocast included
 
 Without a CUDA GPU (and without ``--device cpu``) it says so and exits 2.
 """
@@ -41,7 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "math"
 sys.path[:0] = [str(ROOT / "tests")]
 
-PRECISIONS = {"auto": {}, "float32": {"model.dtype": "float32", "model.compute_dtype": "float32"}}
+PRECISIONS = {
+    "auto": {},
+    "float32": {"model.dtype": "float32", "model.compute_dtype": "float32"},
+    "bfloat16": {"model.compute_dtype": "bfloat16"},  # auto's pick on a GPU, asked for anywhere (a CPU smoke)
+}
 
 
 @dataclass
@@ -65,7 +71,7 @@ class Row:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu with --tiny")
-    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=["auto", "float32"])
     parser.add_argument("--tiny", action="store_true", help="a tiny random model and minimal stages (smoke)")
     parser.add_argument("--eval-tasks", type=int, default=32, help="held-out problems per evaluation")
     parser.add_argument("--sft-steps", type=int, default=3)

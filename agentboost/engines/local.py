@@ -153,10 +153,11 @@ class LocalEngine:
         # what the forward passes compute in (None: the weights' dtype); the trainer passes its own policy
         # so the engine samples with the numerics the trainer recomputes with (bfloat16 autocast on CUDA)
         self.precision = precision or precision_module.of_model(model)
+        self._decoder = self._head = None  # the body and the float32 head of a pass outside float32
         if not self.precision.exact:  # the CPU float32 fast paths below compute in float32: not these
             direct_forward = onednn_linears = False
-        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self._decoder, self._head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+            causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            self._decoder, self._head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name or getattr(model.config, "name_or_path", "model")
@@ -517,6 +518,7 @@ class LocalEngine:
         if not self.precision.exact:
             # the decoder under the policy's autocast (entered per pass: its weight casts must not outlive
             # an optimizer step), then the last position's logits in float32, as the trainer takes them
+            assert self._decoder is not None
             with self.precision.autocast():
                 hidden = self._decoder(**inputs).last_hidden_state[:, -1:, :]  # [B, 1, H]
             return _Logits(precision_module.head_logits(self._head, hidden))  # logits [B, 1, V] float32

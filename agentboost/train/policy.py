@@ -1,4 +1,4 @@
-"""The policy being trained: device, dtype, loading (with optional LoRA), optimizer, and its logprobs.
+"""The policy being trained: device, precision, loading (with optional LoRA), optimizer, and its logprobs.
 
 Shared by the RL trainer (:mod:`agentboost.train.trainer`) and supervised fine-tuning
 (:mod:`agentboost.train.sft`), so both load, adapt and optimise a model the same way.
@@ -51,11 +51,6 @@ def resolve_precision(model: ModelConfig, lora: LoraConfig, device: torch.device
     return precision_module.resolve_precision(
         model.dtype, model.compute_dtype, device, trains=True, lora=lora.enabled
     )
-
-
-def resolve_dtype(model: ModelConfig, device: torch.device) -> torch.dtype:
-    """The weights' dtype of :func:`resolve_precision` (full fine-tuning)."""
-    return resolve_precision(model, LoraConfig(), device).weights
 
 
 def seed_everything(seed: int) -> None:

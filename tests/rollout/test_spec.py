@@ -198,3 +198,21 @@ def test_the_results_header_workers_and_eval_report_carry_the_same_spec(qwen_tok
             "top_k": spec.top_k,
             "seed": job_seed(spec.seed, result.task_id, result.sample),
         }
+
+
+def test_the_embedded_engine_records_the_precision_it_serves_in_and_a_resume_does_not_compare_it(tmp_path):
+    from types import SimpleNamespace
+
+    from agentboost.rollout.run import PreparedRun
+
+    def identity(engine: str) -> dict:
+        spec = dataclasses.replace(SPEC, engine=engine, urls=() if engine == "local" else ("http://x:1",))
+        environment, tasks = SimpleNamespace(name="arithmetic"), SimpleNamespace(count=3)
+        return PreparedRun(spec, environment, tasks, spec.resolve_limits()).identity
+
+    local = identity("local")
+    assert local["precision"] == {"weights": "float32", "compute": "float32", "device": "cpu"}  # this CPU
+    assert "precision" not in identity("vllm")  # a server says its own dtype (``server``)
+    path = tmp_path / "results.jsonl"
+    ResultStore(path, resume=True, identity={k: v for k, v in local.items() if k != "precision"}).close()
+    ResultStore(path, resume=True, identity=local).close()  # a file from before the record resumes
