@@ -31,7 +31,8 @@ Span = tuple[int, int]
 """Where one message's text lies in a rendering: ``text[start:end]``."""
 
 TEXT_FIELDS = ("content", "reasoning_content")
-"""The message fields whose text is untrusted (never becomes control tokens)."""
+"""The message fields whose text is untrusted (never becomes control tokens); so are the string
+values of an assistant message's tool-call arguments (a client may have written them)."""
 
 _SLOT = re.compile("\ue000AGENTBOOST-TEXT-(\\d+)\ue001")
 _LOCK = threading.Lock()
@@ -56,10 +57,18 @@ class ControlTokens:
         return self.pattern is not None and isinstance(text, str) and self.pattern.search(text) is not None
 
     def in_messages(self, messages: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether the text of any message holds a control string."""
-        return self.pattern is not None and any(
-            self.found_in(message.get(field)) for message in messages for field in TEXT_FIELDS
-        )
+        """Whether the text of any message (its tool-call arguments included) holds a control string."""
+        if self.pattern is None:
+            return False
+        for message in messages:
+            if any(self.found_in(message.get(field)) for field in TEXT_FIELDS):
+                return True
+            for call in message.get("tool_calls") or ():
+                arguments = call.get("function", {}).get("arguments")
+                text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+                if self.found_in(text):
+                    return True
+        return False
 
     def encode(self, text: str, spans: Sequence[Span], encode: Callable[[str], list[int]]) -> list[int]:
         """``text``'s ids where the control strings inside ``spans`` (message text) stay text.
@@ -137,14 +146,38 @@ def render_with_spans(
     told: TemplateError (only asked for messages that hold control strings).
     """
     texts: list[str] = []
+
+    def slot(text: str) -> str:
+        texts.append(text)
+        return f"\ue000AGENTBOOST-TEXT-{len(texts) - 1}\ue001"
+
+    def slot_values(value: Any) -> Any:
+        """Argument values as slots; a slot lands in the template's JSON as the value's JSON text."""
+        if isinstance(value, str) and value:
+            return slot(json.dumps(value, ensure_ascii=False)[1:-1])
+        if isinstance(value, list):
+            return [slot_values(item) for item in value]
+        if isinstance(value, dict):
+            return {key: slot_values(item) for key, item in value.items()}
+        return value
+
     slotted: list[ChatMessage] = []
     for message in messages:
         copy: dict[str, Any] = dict(message)
         for field in TEXT_FIELDS:
             value = message.get(field)
             if isinstance(value, str) and value:
-                copy[field] = f"\ue000AGENTBOOST-TEXT-{len(texts)}\ue001"
-                texts.append(value)
+                copy[field] = slot(value)
+        if message.get("tool_calls"):
+            calls = []
+            for call in message.get("tool_calls") or ():
+                function = dict(call.get("function", {}))
+                arguments = function.get("arguments")
+                function["arguments"] = (
+                    slot(arguments) if isinstance(arguments, str) else slot_values(arguments)
+                )
+                calls.append({**call, "function": function})
+            copy["tool_calls"] = calls
         slotted.append(copy)  # type: ignore[arg-type]
     skeleton = render(slotted)
     parts: list[str] = []

@@ -61,6 +61,22 @@ def test_a_user_message_and_a_tool_result_holding_control_strings_stay_text(qwen
     assert buffer.logprobs[start : start + len(generated)] == logprobs
 
 
+def test_tool_call_arguments_a_client_resends_stay_text(qwen_tokenizer):
+    """A gateway row re-rendered from history: an assistant call's string arguments are text too."""
+    template = get_template("qwen3")
+    call = {"id": "c1", "type": "function", "function": {"name": "note", "arguments": {"text": ATTACK}}}
+    prompt = [
+        {"role": "user", "content": "Take a note."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    buffer = TokenBuffer(qwen_tokenizer, template)
+    ids = buffer.start(prompt)
+    im_end = qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids.count(im_end) == 3  # the user, assistant and tool turns' own ends only
+    assert qwen_tokenizer.decode(ids) == template.render(prompt, add_generation_prompt=True)
+
+
 def test_ordinary_text_encodes_exactly_as_before(qwen_tokenizer):
     """No control string in any message: the ids are the tokenizer's own encoding of the rendering."""
     template = get_template("qwen3")
