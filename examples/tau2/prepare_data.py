@@ -28,25 +28,6 @@ def _identified(environment: Tau2Environment, tasks: list) -> list[tuple[str, st
     return [(t.id, scenario_text(environment.domain.task(t.metadata["tau2_id"]))) for t in tasks]
 
 
-def _left_out(environment: Tau2Environment, split: str, *, limit: dict[str, int | None]) -> str | None:
-    """Why a split holds fewer tasks than tau2's own split: a sentence, or None when none was left out."""
-    from agentboost.envs.tau2.environment import informative
-
-    ids = environment.domain.task_ids(split)
-    if environment.reward_for(split) != "strict":
-        return None
-    silent = [task_id for task_id in ids if not informative(environment.domain.task(task_id))]
-    if not silent:
-        return None
-    shown = ", ".join(silent[:8]) + (", ..." if len(silent) > 8 else "")
-    picked = " (then --{split}-tasks picked among the rest)" if limit.get(split) else ""
-    return (
-        f"left out {len(silent)} of tau2's {len(ids)} {split} tasks ({shown}){picked}: their gold is no "
-        "action or only a transfer to a human, so under the strict reward doing nothing earns full "
-        'marks and they teach nothing; --env-kwargs \'{"reward": "tau2"}\' keeps them'
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--domain", default="airline", choices=DOMAINS)
@@ -110,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
             for task in tasks:
                 handle.write(json.dumps(task.to_dict(), ensure_ascii=False) + "\n")
         print(f"{path}: {len(tasks)} tasks ({tasks[0].id} .. {tasks[-1].id})")
-        left_out = _left_out(environment, split, limit={"train": args.train_tasks, "test": args.test_tasks})
-        if left_out:
-            print(f"  {left_out}")
         if args.verl:
             from agentboost.integrations.verl.data import task_rows, write_parquet
 
