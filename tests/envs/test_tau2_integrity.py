@@ -35,13 +35,13 @@ SAMPLE = {"airline": ("9", "14"), "retail": ("0", "2")}  # gold: writes, no tran
 NO_EFFECT = {"airline": ("1", "4"), "retail": ("10", "25")}  # gold: lookups (10: then a transfer), no write
 
 ESCAPES = {
-    "read_others": "other_customer_read",
-    "write_other_undone": "other_customer_write",
-    "write_own_undone": "write_not_in_gold",
-    "transfer_at_end": "transfer_not_in_gold",
-    "refused_write": "refused_write",
+    "read_others": {"other_customer_read"},
+    "write_other_undone": {"other_customer_write", "write_not_in_gold"},  # the second: the writes succeeded
+    "write_own_undone": {"write_not_in_gold"},
+    "transfer_at_end": {"transfer_not_in_gold"},
+    "refused_write": {"refused_write"},
 }
-"""Each escape: the gold plus one side action, and the side-effect kind the training reward names."""
+"""Each escape: the gold plus one side action, and the side-effect kinds the training reward names."""
 
 
 def strangers(db: Any, domain: Any, tau2_task: Any, count: int) -> list[str]:
@@ -115,10 +115,10 @@ def test_every_escape_wins_tau2_but_earns_nothing_under_the_training_reward(doma
     db = domain.task_environment(tau2_task).tools.db
     gold, facts = scored(domain, tau2_task, gold_steps(tau2_task))
     assert (gold["tau2"], gold["strict"], gold["side_effects"]) == (1.0, 1.0, 0.0), facts
-    for escape, kind in ESCAPES.items():
+    for escape, named in ESCAPES.items():
         breakdown, facts = scored(domain, tau2_task, escape_steps(db, domain, tau2_task, escape))
         assert breakdown["tau2"] == 1.0, (escape, facts)  # tau2's reward cannot see it: a real escape
-        assert breakdown["strict"] == 0.0 and kind in kinds(facts), (escape, facts)
+        assert breakdown["strict"] == 0.0 and named == kinds(facts), (escape, facts)
 
 
 @pytest.mark.parametrize("domain_name", ["airline", "retail"])
