@@ -62,7 +62,8 @@ def main() -> None:
         logits = run.model(input_ids=torch.tensor([batch[0].token_ids], device=run.device)).logits
     tokens = sum(sum(example.loss_mask[1:]) for example in batch)
     print(
-        f"step 0's batch: {len(batch)} examples, {tokens} assistant tokens; largest |logit| {logits.abs().max():.1f}"
+        f"step 0's batch: {len(batch)} examples, {tokens} assistant tokens; "
+        f"largest |logit| {logits.abs().max():.1f}"
     )
     print(
         f"loss: float32 {exact:.4f} | bfloat16 autocast, float32 head {ours:.4f} | "
