@@ -9,6 +9,10 @@ the update includes one and the bare baseline does not. Also printed: the fracti
 bucketing against one batch padded to the longest sequence.
 
     python benchmarks/bench_train_step.py [--model smollm2-135m-instruct] [--sequences 16]
+    python benchmarks/bench_train_step.py --compute-dtype bfloat16   # float32 weights, bfloat16 autocast
+
+``--compute-dtype`` sets ``model.compute_dtype`` (docs/training.md, "Precision"); the bare baseline runs
+under the same autocast, so the two lines compare like with like.
 """
 
 from __future__ import annotations
@@ -71,13 +75,14 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
         config = config_from_dict(
             {
-                "model": {"name_or_path": args.model},
+                "model": {"name_or_path": args.model, "compute_dtype": args.compute_dtype},
                 "environment": {"train_tasks": 64},
                 "optimizer": {"lr": 1e-6, "micro_batch_tokens": args.micro_batch_tokens},
                 "output_dir": scratch,
@@ -98,7 +103,8 @@ def main() -> None:
             model.train()
             model.zero_grad(set_to_none=True)
             for batch in batches:
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                with trainer.precision.autocast():
+                    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
                 loss = torch.nn.functional.cross_entropy(
                     logits[batch.loss_mask].float(), batch.target_ids[batch.loss_mask]
                 )
@@ -125,7 +131,7 @@ def main() -> None:
     print(
         f"model {args.model} | {len(samples)} sequences, {real} tokens "
         f"({sum(s.loss_tokens for s in samples)} generated) in {len(batches)} micro-batches | "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads | {trainer.precision.describe()}"
     )
     print(f"bare forward+backward       {bare_s:8.2f} s  (median of {args.repeats})")
     print(f"trainer update              {update_s:8.2f} s  ({(update_s / bare_s - 1) * 100:+.1f}% vs bare)")
