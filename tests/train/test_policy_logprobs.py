@@ -45,7 +45,10 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_direct_computation(mon
     assert torch.allclose(ours, reference, atol=1e-5)
     assert torch.allclose(entropy, reference_entropy, atol=1e-4)
     for mine, theirs in zip(ours_grads, (p.grad for p in model.parameters()), strict=True):
-        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-4)
+        # float32 sums taken in another order: the error scales with the gradient (the embedding's reach
+        # 7.8, where 7.8e-5 apart was seen on an AMD EPYC), so the bound is relative to the largest entry
+        scale = float(theirs.abs().max())
+        assert float((mine - theirs).abs().max()) <= 3e-5 * max(scale, 1.0)
     with torch.no_grad():  # no graph: the same values without checkpointing
         assert torch.equal(policy.PolicyModel(model).logprobs(micro, 0.7)[0], ours.detach())
 
