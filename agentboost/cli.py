@@ -94,8 +94,8 @@ def _reward_text(result: Any) -> str:
 
 
 _COMMANDS = (
-    "agentboost.engines.serve_command:register_serve_command",  # serve
-    "agentboost.engines.serve_command:register_serve_vllm_command",  # serve-vllm
+    "agentboost.engines.servers.serve_command:register_serve_command",  # serve
+    "agentboost.engines.servers.serve_command:register_serve_vllm_command",  # serve-vllm
     "agentboost.train.cli:register_train_command",  # train
     "agentboost.train.cli:register_sft_command",  # sft
 )

@@ -233,7 +233,8 @@ class TrajectoryError(AgentBoostError, ValueError):
 
 
 class WireFormatError(AgentBoostError, ValueError):
-    """A JSON body does not follow the SGLang or vLLM wire format (see :mod:`agentboost.engines.wire`)."""
+    """A JSON body does not follow the SGLang or vLLM wire format (see
+    :mod:`agentboost.engines.remote.wire`)."""
 
 
 class ResponseFormatError(WireFormatError):

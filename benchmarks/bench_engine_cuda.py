@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from exactness_support import teacher_forced_logprobs
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 
 PROMPT, NEW, ROWS = 400, 128, 16
 DEVICE = "cuda"

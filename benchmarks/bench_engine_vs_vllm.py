@@ -14,7 +14,7 @@ each, whose rate counts the prompt ids prefilled (6,400 a run): the prefill alon
 Both sides sample at temperature 1 without per-request seeds and without stop ids (vLLM with
 ``ignore_eos``), so every request generates exactly its budget. The vLLM server is started here when
 ``--vllm-python`` (default ``$AGENTBOOST_VLLM_PYTHON`` or ``/work/venvs/vllm/bin/python``) exists, with
-agentboost's launcher (``agentboost.engines.vllm_server``) when this checkout has it, else a plain
+agentboost's launcher (``agentboost.engines.servers.vllm_server``) when this checkout has it, else a plain
 ``api_server`` command; its prefix cache is reset before each of its runs, and it is stopped at the end.
 Once the server is up, the machine's free memory is touched once by a child process (``warm_memory``:
 a virtual machine's first touch of a page is slow, and the server's start takes the pages already
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.memory import resident_bytes
 from agentboost.models.tokenizers import load_tokenizer
 from agentboost.models.weights import resolve_model
@@ -285,7 +285,7 @@ class Server:
     def start(self) -> None:
         cpus = f"0-{self.threads - 1}"
         try:
-            from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig  # type: ignore[import-not-found]
+            from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig  # type: ignore[import-not-found]
         except ImportError:
             self.plain = True
         if self.plain:
@@ -440,7 +440,7 @@ def main() -> None:
     sides: dict[str, Any] = {"embedded": local}
     server = None
     if not args.no_vllm and Path(args.vllm_python).exists():
-        from agentboost.engines.vllm import VLLMEngine
+        from agentboost.engines.remote.vllm import VLLMEngine
 
         server = Server(args.vllm_python, model_dir, args.threads, plain=args.vllm_plain, extra=args.vllm_arg)
         server.start()

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig
 from agentboost.models.weights import pull_default_model
 from agentboost.train.config import config_from_dict
 from agentboost.train.logging import read_metrics

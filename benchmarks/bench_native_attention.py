@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from agentboost.engines import native_attention
+from agentboost.engines.embedded import native_attention
 
 LAYERS, KV_HEADS, GROUPS, HEAD_DIM = 30, 3, 3, 64  # SmolLM2-135M
 

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.models.weights import resolve_model
 
 

@@ -14,8 +14,8 @@ alternating so a noisy machine hurts both alike; ratios are what to read:
    ``model.generate`` on one left-padded batch of the same 16 prompts, same model object.
 
 ``--before`` adds the engine as it was before the prefix cache (``/work/main`` or any checkout's
-``agentboost/engines/local.py``), ``--transformers-cb`` adds transformers' own continuous batching to the
-throughput figure (slow on CPU).
+``agentboost/engines/embedded/engine.py``), ``--transformers-cb`` adds transformers' own continuous batching
+to the throughput figure (slow on CPU).
 
     python benchmarks/bench_prefix_cache.py [--model smollm2-135m-instruct] [--repeats 2] [--threads 2]
 """
@@ -36,7 +36,7 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, OneBackend, SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.models.tokenizers import load_tokenizer
 from agentboost.models.weights import resolve_model

@@ -25,17 +25,17 @@ import time
 from pathlib import Path
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.remote import RemoteEngine
-from agentboost.engines.sglang import SGLangEngine
-from agentboost.engines.transport import RetryPolicy
-from agentboost.engines.vllm import VLLMEngine
+from agentboost.engines.remote.engine import RemoteEngine
+from agentboost.engines.remote.sglang import SGLangEngine
+from agentboost.engines.remote.transport import RetryPolicy
+from agentboost.engines.remote.vllm import VLLMEngine
 
 STOP_ID = 2
 
 _SERVER = """
 import asyncio, sys
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import serve_forever
+from agentboost.engines.servers.serve import serve_forever
 new_tokens = int(sys.argv[1])
 reply = [3 + (i % 90) for i in range(new_tokens - 1)] + [2]
 engine = ScriptedEngine(lambda prompt, index: reply, context_length=1 << 20)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
+from agentboost.engines.servers.serve import start_server
 from agentboost.memory import peak_resident_bytes
 from agentboost.models.tokenizers import load_qwen3_tokenizer
 

@@ -23,9 +23,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.vllm import VLLMEngine
-from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
-from agentboost.engines.weight_sync import WeightSync
+from agentboost.engines.remote.vllm import VLLMEngine
+from agentboost.engines.remote.weight_sync import WeightSync
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig
 from agentboost.models.weights import pull_default_model
 
 

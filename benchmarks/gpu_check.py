@@ -201,7 +201,7 @@ def exactness_and_speed(args: argparse.Namespace, row: Row, model_dir: Path) -> 
     from transformers import AutoModelForCausalLM
 
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.local import LocalEngine
+    from agentboost.engines.embedded.engine import LocalEngine
     from agentboost.models import precision as precision_module
     from agentboost.train.batching import Sample, collate
     from agentboost.train.policy import PolicyModel

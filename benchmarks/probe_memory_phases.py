@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from agentboost.engines import local
+from agentboost.engines.embedded import engine as local
 from agentboost.memory import peak_resident_bytes, resident_bytes
 
 GIB = 2**30

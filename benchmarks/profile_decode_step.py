@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine, _Request
+from agentboost.engines.embedded.engine import LocalEngine, _Request
 from agentboost.errors import EngineError
 
 WARMUP_STEPS = 3

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from bench_engine_vs_vllm import timed, workloads
 
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.models.tokenizers import load_tokenizer
 
 PHASES = ("_prefill", "_decode_step", "_sample", "_set_batch", "_retire", "_hold")

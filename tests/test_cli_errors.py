@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import FaultConfig, start_server
+from agentboost.engines.servers.serve import FaultConfig, start_server
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
 

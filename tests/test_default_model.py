@@ -8,7 +8,7 @@ from conftest import run
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.models.tokenizers import load_tokenizer
 from agentboost.models.weights import pull_default_model

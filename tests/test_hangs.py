@@ -86,7 +86,7 @@ def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_prin
     say, tokenizer_dir, tmp_path
 ):
     """A stalled engine is not a bad model: the timeout's detail says no generation came back."""
-    from agentboost.engines.faults import FaultConfig
+    from agentboost.engines.servers.faults import FaultConfig
 
     slow = BackgroundServer(
         ScriptedEngine([say("Answer: 7")], cycle=True),
@@ -120,7 +120,7 @@ def test_a_rollout_that_never_reached_the_engine_says_so_and_the_limits_are_prin
 
 def test_retries_0_sends_no_request_twice(say, tokenizer_dir, tmp_path):
     """`--retries 0` is no retry at all: the HTTP client does not retry the server's 500 either."""
-    from agentboost.engines.faults import FaultConfig
+    from agentboost.engines.servers.faults import FaultConfig
 
     failing_once = BackgroundServer(
         ScriptedEngine([say("Answer: 7")], cycle=True), faults=FaultConfig(schedule=["http_500"])
@@ -144,7 +144,7 @@ def test_every_server_down_ends_the_run_with_one_line_and_keeps_the_results(
 ):
     """The server goes away mid-run: once `--server-down-timeout` is spent the run stops (no rollout
     failed one by one), says so once naming the server and the option, and a resume continues."""
-    from agentboost.engines.faults import FaultConfig
+    from agentboost.engines.servers.faults import FaultConfig
 
     served = BackgroundServer(
         ScriptedEngine([say("Answer: 7")], cycle=True),

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_check
 from agentboost.errors import ConfigError, EngineContractError, InvalidGenerationError
 
 if TYPE_CHECKING:
-    from agentboost.engines.prefix_cache import PrefixCacheStats
+    from agentboost.engines.embedded.prefix_cache import PrefixCacheStats
 
 FinishReason = Literal["stop", "length"]
 """``stop``: a stop token was generated (it is the last id). ``length``: ``max_new_tokens`` ran out."""
@@ -160,15 +160,15 @@ class TrainableEngine(Engine, Protocol):
     when its weights changed since the engine last loaded them (before the step's rollouts and before a
     held-out evaluation), :meth:`prefix_cache_stats` around the rollouts, :meth:`release_memory` before
     the update; :meth:`Engine.aclose` once at the end, in the event loop the rollouts ran in. Met by
-    :class:`~agentboost.engines.local.LocalEngine` (it shares the model object) and
-    :class:`~agentboost.engines.weight_sync.SyncedVLLMEngine` (it pushes the weights to vLLM servers).
+    :class:`~agentboost.engines.embedded.engine.LocalEngine` (it shares the model object) and
+    :class:`~agentboost.engines.remote.weight_sync.SyncedVLLMEngine` (it pushes the weights to vLLM servers).
     """
 
     def sync_weights(self) -> int:
         """Serve the trainer's current weights from now on; returns the weight version now served
         (1 after the first sync, +1 per sync). Raises
-        :class:`~agentboost.engines.weight_sync.WeightSyncError` (with its cause) when the engine cannot
-        take them: the trainer's step fails with it, once."""
+        :class:`~agentboost.engines.remote.weight_sync.WeightSyncError` (with its cause) when the engine
+        cannot take them: the trainer's step fails with it, once."""
         ...
 
     def release_memory(self) -> None:

@@ -24,7 +24,7 @@ def make_engine(
     if kind == "local":
         if urls:
             raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
-        from agentboost.engines.local import LocalEngine
+        from agentboost.engines.embedded.engine import LocalEngine
 
         return check_engine(LocalEngine.from_pretrained(model, **options))
     if kind not in ENGINE_KINDS:
@@ -32,14 +32,14 @@ def make_engine(
     if not urls:
         raise ConfigError(f"the {kind} engine needs the server's address: --url http://HOST:PORT")
     if retries == 0 and "retry" not in options:
-        from agentboost.engines.transport import RetryPolicy
+        from agentboost.engines.remote.transport import RetryPolicy
 
         options["retry"] = RetryPolicy(max_attempts=1)
     if kind == "sglang":
-        from agentboost.engines.sglang import SGLangEngine
+        from agentboost.engines.remote.sglang import SGLangEngine
 
         return check_engine(SGLangEngine(list(urls), **options))
-    from agentboost.engines.vllm import VLLMEngine
+    from agentboost.engines.remote.vllm import VLLMEngine
 
     return check_engine(VLLMEngine(list(urls), **options))
 
@@ -55,7 +55,7 @@ async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.
 
     import aiohttp
 
-    from agentboost.engines.transport import normalize_urls
+    from agentboost.engines.remote.transport import normalize_urls
     from agentboost.errors import EngineConnectionError
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -97,7 +97,7 @@ async def check_engine_args(
 ) -> list[dict[str, Any]]:
     """What ``rollout`` and ``eval`` check before anything heavy is imported: ``--engine`` and ``--url``
     agree, every remote server answers (:func:`check_servers`), and its logprobs are those of the
-    sampling distribution for ``sampling`` (:mod:`agentboost.engines.probe`).
+    sampling distribution for ``sampling`` (:mod:`agentboost.engines.remote.probe`).
 
     Returns the servers' facts (what produced the rollouts: version, model, dtype, logprobs; one entry
     per distinct set), [] for the local engine.

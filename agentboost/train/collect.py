@@ -104,7 +104,7 @@ def training_spec(
             max_new_tokens = eval_config.max_new_tokens
     urls: tuple[str, ...] = ()
     if rollout.vllm_url:
-        from agentboost.engines.transport import normalize_urls
+        from agentboost.engines.remote.transport import normalize_urls
 
         urls = tuple(normalize_urls(rollout.vllm_url))
     return RunSpec(

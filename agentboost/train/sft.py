@@ -423,7 +423,7 @@ class SFTTrainer(TrainingLoop):
 
     def evaluate(self, step: int, *, bar: Any = None) -> dict[str, float]:
         """Held-out mean reward of ``eval.environment`` on ``split="test"`` (greedy by default)."""
-        from agentboost.engines.local import LocalEngine
+        from agentboost.engines.embedded.engine import LocalEngine
         from agentboost.envs.registry import make_environment
         from agentboost.train.collect import collect_rollouts, result_metrics, training_spec
 

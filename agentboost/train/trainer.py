@@ -4,9 +4,9 @@ One step:
 
 0. **Sync.** When the weights changed since the engine last loaded them (after every update, and at
    the start), ``engine.sync_weights()`` makes it serve them: the embedded
-   :class:`~agentboost.engines.local.LocalEngine` holds the very model object being trained and only
+   :class:`~agentboost.engines.embedded.engine.LocalEngine` holds the very model object being trained and only
    drops its stale cached prefixes; vLLM servers get the weights pushed. A refused push stops the run
-   with one :class:`~agentboost.engines.weight_sync.WeightSyncError` naming its cause. The engine meets
+   with one :class:`~agentboost.engines.remote.weight_sync.WeightSyncError` naming its cause. The engine meets
    :class:`~agentboost.engines.base.TrainableEngine`, checked when it is built.
 1. **Collect.** ``tasks_per_step`` training tasks, ``group_size`` rollouts each, through the rollout
    runner as the step's :class:`~agentboost.rollout.spec.RunSpec` says (sampling and limits resolved
@@ -147,10 +147,10 @@ class Trainer(TrainingLoop):
         embedded engine over the model being trained."""
         config = self.config
         if config.rollout.vllm_url:
-            from agentboost.engines.weight_sync import SyncedVLLMEngine
+            from agentboost.engines.remote.weight_sync import SyncedVLLMEngine
 
             return SyncedVLLMEngine(config.rollout.vllm_url, self.model, self.run_dir / "vllm-weights")
-        from agentboost.engines.local import LocalEngine
+        from agentboost.engines.embedded.engine import LocalEngine
 
         budget = config.rollout.engine_memory_gib
         return LocalEngine(
@@ -225,8 +225,8 @@ class Trainer(TrainingLoop):
     def sync_weights(self) -> dict[str, float]:
         """The engine loads the weights being trained, once after they changed: before a step's rollouts
         (and a held-out evaluation), never inside them. A refused sync stops the run here with one
-        :class:`~agentboost.engines.weight_sync.WeightSyncError` naming its cause."""
-        from agentboost.engines.weight_sync import WeightSyncError
+        :class:`~agentboost.engines.remote.weight_sync.WeightSyncError` naming its cause."""
+        from agentboost.engines.remote.weight_sync import WeightSyncError
 
         if not self._weights_changed:
             return {"time/weight_sync_s": 0.0}

@@ -17,7 +17,7 @@ import torch
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.envs.math_problems import extract_answer
 from agentboost.envs.registry import make_environment
 from agentboost.models.tokenizers import load_tokenizer

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.transport import RetryPolicy
+from agentboost.engines.remote.transport import RetryPolicy
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ class ServerThread:
         self.server: Any = None
 
     def __enter__(self) -> Any:
-        from agentboost.engines.server import start_server
+        from agentboost.engines.servers.serve import start_server
 
         self._thread.start()
 

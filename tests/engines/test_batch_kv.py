@@ -1,4 +1,4 @@
-"""The running batch's KV buffer (agentboost/engines/batch_kv.py): built from parts, grown, freed."""
+"""The running batch's KV buffer (agentboost/engines/embedded/batch_kv.py): built from parts, grown, freed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from agentboost.engines.batch_kv import HEADROOM, BatchKV, layout_of
+from agentboost.engines.embedded.batch_kv import HEADROOM, BatchKV, layout_of
 
 
 def part(rows: int, width: int, layers: int = 3, seed: int = 0):

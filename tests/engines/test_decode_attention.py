@@ -1,4 +1,4 @@
-"""The grouped-query attention of one-token decode steps (agentboost/engines/decode_attention.py)."""
+"""The grouped-query attention of one-token decode steps (agentboost/engines/embedded/decode_attention.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_qwen3
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from agentboost.engines import decode_attention
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded import decode_attention
+from agentboost.engines.embedded.engine import LocalEngine
 
 # SmolLM2-135M's attention: 9 query heads on 3 key/value heads of 64
 MODULE = SimpleNamespace(num_key_value_groups=3, is_causal=True)

@@ -1,6 +1,6 @@
-"""The direct forward (agentboost/engines/direct_forward.py): the tokens and logprobs of transformers'
-forward, in prefills and decode steps, on every family it takes, checked before its first use, and
-transformers' forward again for models it does not take or that change after the check (a hook, a
+"""The direct forward (agentboost/engines/embedded/direct_forward.py): the tokens and logprobs of
+transformers' forward, in prefills and decode steps, on every family it takes, checked before its first use,
+and transformers' forward again for models it does not take or that change after the check (a hook, a
 replaced module)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 
 SHAPE = dict(
     vocab_size=1000,
@@ -110,7 +110,7 @@ def test_a_model_that_computes_something_else_fails_the_check(caplog):
     model = build("llama", seed=1)
     model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output + 0.5)
     engine = LocalEngine(model)
-    with caplog.at_level(logging.WARNING, logger="agentboost.engines.local"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded.engine"):
         ours = generate_all(engine)
     engine.close()
     assert engine.direct_steps == 0 and engine.direct_forward_reason.startswith("failed its check")
@@ -146,7 +146,7 @@ def test_a_model_changed_after_the_check_goes_back_to_transformers_forward(chang
     used = engine.direct_steps
     change(model)
     engine.weights_updated()  # the model computes something else: its cached prefixes are stale
-    with caplog.at_level(logging.WARNING, logger="agentboost.engines.local"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded.engine"):
         ours = generate_all(engine)
     engine.close()
     assert engine.direct_steps == used  # not one step more

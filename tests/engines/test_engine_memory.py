@@ -12,9 +12,9 @@ import time
 import pytest
 from conftest import run, tiny_qwen3
 
-import agentboost.engines.local as local
+import agentboost.engines.embedded.engine as local
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine, _kv_bytes_per_token
+from agentboost.engines.embedded.engine import LocalEngine, _kv_bytes_per_token
 from agentboost.errors import ConfigError, EngineError
 from agentboost.memory import large_blocks_from_heap, resident_bytes, trim_heap
 

@@ -14,12 +14,12 @@ import pytest
 from remote_support import BLOCK, GateEngine, ServerThread, dead_url, expected_ids, fast_retry, run
 
 from agentboost.engines.base import Engine, Generation, RolloutKey, SamplingParams, bound
-from agentboost.engines.faults import FaultConfig
-from agentboost.engines.remote import RemoteEngine
-from agentboost.engines.server import start_server
-from agentboost.engines.sglang import SGLangEngine
-from agentboost.engines.transport import RetryPolicy, normalize_urls
-from agentboost.engines.vllm import VLLMEngine
+from agentboost.engines.remote.engine import RemoteEngine
+from agentboost.engines.remote.sglang import SGLangEngine
+from agentboost.engines.remote.transport import RetryPolicy, normalize_urls
+from agentboost.engines.remote.vllm import VLLMEngine
+from agentboost.engines.servers.faults import FaultConfig
+from agentboost.engines.servers.serve import start_server
 from agentboost.errors import (
     ConfigError,
     ContextLengthError,

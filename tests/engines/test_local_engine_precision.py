@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_qwen3
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.models.precision import Precision
 from agentboost.train.batching import Sample, collate
 from agentboost.train.policy import PolicyModel

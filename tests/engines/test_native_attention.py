@@ -1,6 +1,7 @@
-"""The native decode-step attention (agentboost/engines/native_attention.py and native/decode_attention.c):
-equal to PyTorch's on every shape it takes, declining what it does not, built once into agentboost's
-cache, and an engine that cannot build it still generates the same tokens on PyTorch's attention."""
+"""The native decode-step attention (agentboost/engines/embedded/native_attention.py and
+native/decode_attention.c): equal to PyTorch's on every shape it takes, declining what it does not, built once
+into agentboost's cache, and an engine that cannot build it still generates the same tokens on PyTorch's
+attention."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import torch
 from conftest import run, tiny_qwen3
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from agentboost.engines import decode_attention, native_attention
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded import decode_attention, native_attention
+from agentboost.engines.embedded.engine import LocalEngine
 
 pytestmark = pytest.mark.skipif(
     not native_attention.available(),
@@ -300,9 +301,9 @@ ENGINE_WITHOUT_KERNEL = textwrap.dedent(
     import asyncio, json, sys
     sys.path.insert(0, {tests!r})
     from conftest import tiny_qwen3
-    from agentboost.engines import native_attention
+    from agentboost.engines.embedded import native_attention
     from agentboost.engines.base import SamplingParams
-    from agentboost.engines.local import LocalEngine
+    from agentboost.engines.embedded.engine import LocalEngine
 
     async def main():
         engine = LocalEngine(tiny_qwen3(seed=2, hidden=256))

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from conftest import run, tiny_qwen3
 
-from agentboost.engines import local, packed_linear
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
-from agentboost.engines.packed_linear import PackedLinears, onednn_supported
+from agentboost.engines.embedded import engine as local
+from agentboost.engines.embedded import packed_linear
+from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.embedded.packed_linear import PackedLinears, onednn_supported
 
 pytestmark = pytest.mark.skipif(
     not onednn_supported(tiny_qwen3()), reason="this PyTorch has no oneDNN linear kernels"

@@ -16,8 +16,8 @@ import torch
 from conftest import run, tiny_qwen3
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.local import LocalEngine
-from agentboost.engines.prefix_cache import PrefixCache
+from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.embedded.prefix_cache import PrefixCache
 from agentboost.errors import EngineError
 
 GREEDY = SamplingParams(temperature=0)

@@ -18,9 +18,9 @@ from remote_support import run
 
 from agentboost.engines.base import SamplingParams
 from agentboost.engines.factory import check_engine_args
-from agentboost.engines.probe import LogprobsModeError
-from agentboost.engines.sglang import SGLangEngine
-from agentboost.engines.vllm import VLLMEngine
+from agentboost.engines.remote.probe import LogprobsModeError
+from agentboost.engines.remote.sglang import SGLangEngine
+from agentboost.engines.remote.vllm import VLLMEngine
 
 LOGITS = [9.0, 8.2, 7.5, 6.0, 5.5, 3.0, 2.0, 1.0, 0.5, 0.0]
 """The fake model's next-token logits (ids 0..9)."""

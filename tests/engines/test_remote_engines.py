@@ -18,11 +18,11 @@ import pytest
 from remote_support import GateEngine, StubServer, fast_retry, load_fixture, run
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.faults import FaultConfig
-from agentboost.engines.serve_command import faults_from_args, register_serve_command, run_serve
-from agentboost.engines.server import start_server
-from agentboost.engines.sglang import SGLangEngine
-from agentboost.engines.vllm import VLLMEngine
+from agentboost.engines.remote.sglang import SGLangEngine
+from agentboost.engines.remote.vllm import VLLMEngine
+from agentboost.engines.servers.faults import FaultConfig
+from agentboost.engines.servers.serve import start_server
+from agentboost.engines.servers.serve_command import faults_from_args, register_serve_command, run_serve
 from agentboost.errors import ConfigError, EngineResponseError
 
 SGLANG_REQUESTS = load_fixture("sglang_generate_request.json")
@@ -461,7 +461,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 async def _three_ways(make_engine, work):
     """``work(engine)`` through the engine in-process, the SGLang client to serve, the vLLM client."""
-    from agentboost.engines.server import start_server as serve
+    from agentboost.engines.servers.serve import start_server as serve
 
     local = make_engine()
     served = make_engine()
@@ -479,7 +479,7 @@ async def _three_ways(make_engine, work):
 
 
 def test_greedy_generations_are_identical_in_process_and_through_both_clients(tiny_llama_dir):
-    from agentboost.engines.local import LocalEngine
+    from agentboost.engines.embedded.engine import LocalEngine
 
     prompts = [[1, 2, 3, 4, 5], [17, 230, 999], [42] * 30, [7, 7, 8]]
 
@@ -535,7 +535,7 @@ def test_greedy_agent_rollouts_on_a_model_are_identical_in_process_and_through_b
     random_qwen3, qwen_tokenizer
 ):
     """A rollout on a (random, tiny) Qwen3 with the real vocabulary: one long turn, same trajectory."""
-    from agentboost.engines.local import LocalEngine
+    from agentboost.engines.embedded.engine import LocalEngine
 
     work = _rollout(qwen_tokenizer, max_turns=4, max_new_tokens=24)
     local, via_sglang, via_vllm = run(_three_ways(lambda: LocalEngine(random_qwen3), work), timeout=120)

@@ -16,9 +16,9 @@ import pytest
 from remote_support import GateEngine, dead_url, expected_ids, fast_retry, run
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.server import start_server
-from agentboost.engines.sglang import SGLangEngine
-from agentboost.engines.transport import RetryPolicy
+from agentboost.engines.remote.sglang import SGLangEngine
+from agentboost.engines.remote.transport import RetryPolicy
+from agentboost.engines.servers.serve import start_server
 from agentboost.errors import EngineConnectionError, ServersDownError
 
 PROMPT = [5, 6, 7]

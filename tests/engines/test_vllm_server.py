@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentboost.cli import main
-from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
 from agentboost.errors import ConfigError
 
 

@@ -14,7 +14,12 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentboost.engines.weight_sync import StaleRolloutError, WeightSync, WeightSyncError, hf_state_dict
+from agentboost.engines.remote.weight_sync import (
+    StaleRolloutError,
+    WeightSync,
+    WeightSyncError,
+    hf_state_dict,
+)
 
 
 def tiny_llama(tied: bool) -> LlamaForCausalLM:

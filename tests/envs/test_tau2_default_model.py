@@ -9,7 +9,7 @@ import pytest
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.envs.tau2.environment import Tau2Environment
 from agentboost.models.tokenizers import load_tokenizer
 from agentboost.models.weights import pull_default_model

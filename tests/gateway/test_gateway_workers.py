@@ -10,7 +10,7 @@ import pytest
 from conftest import run
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
+from agentboost.engines.servers.serve import start_server
 from agentboost.rollout.results import read_results
 from agentboost.rollout.run import run_rollouts_async
 from agentboost.rollout.spec import RunSpec

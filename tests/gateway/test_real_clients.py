@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from agentboost.agent.episode import run_agent
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.tokens.trajectory import TerminationReason
 
 GREEDY = SamplingParams(temperature=0)

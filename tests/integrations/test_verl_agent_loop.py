@@ -37,7 +37,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment, generate_tasks
 from agentboost.errors import EngineError

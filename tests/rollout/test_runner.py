@@ -182,7 +182,7 @@ def test_concurrent_rollouts_of_a_stateful_tool_never_share_state(qwen_tokenizer
 
 
 def test_a_killed_worker_is_replaced_and_the_run_completes(tokenizer_dir, qwen_tokenizer, say, tmp_path):
-    from agentboost.engines.server import start_server
+    from agentboost.engines.servers.serve import start_server
     from agentboost.rollout.spec import RunSpec
     from agentboost.rollout.workers import WorkerPool
 

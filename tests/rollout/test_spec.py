@@ -11,7 +11,7 @@ from conftest import run
 
 from agentboost.cli import build_parser
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
+from agentboost.engines.servers.serve import start_server
 from agentboost.errors import ConfigError
 from agentboost.rollout.results import ResultStore, read_header, read_results
 from agentboost.rollout.runner import job_seed

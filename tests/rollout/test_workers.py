@@ -13,7 +13,7 @@ import pytest
 from conftest import run
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
+from agentboost.engines.servers.serve import start_server
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, plan_jobs, run_jobs
 from agentboost.rollout.spec import RunSpec

@@ -18,10 +18,10 @@ from train_toy_env import FirstToken
 from vllm_front import Chatty, LoopThread, VLLMFront, requests_per_rollout
 
 from agentboost.engines.base import OneBackend, RolloutKey, TrainableEngine, bound, check_engine
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.remote.weight_sync import SyncedVLLMEngine, WeightSyncError
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
-from agentboost.engines.weight_sync import SyncedVLLMEngine, WeightSyncError
+from agentboost.engines.servers.serve import start_server
 from agentboost.errors import EngineContractError, SettingsChangedError
 from agentboost.rollout.results import identify, read_results
 from agentboost.train.trainer import Trainer

@@ -7,8 +7,8 @@ ONE rollout: every turn goes out under the same ``request_id``, so the manager k
 server and its prefix cache.
 
 Each request's ``sampling_params`` are the backend's own sampling fields, built by the same functions the
-SGLang and vLLM clients use (:func:`agentboost.engines.wire.sglang.sampling_params`,
-:func:`agentboost.engines.wire.vllm.sampling_params`), plus veRL's ``logprobs`` switch:
+SGLang and vLLM clients use (:func:`agentboost.engines.remote.wire.sglang.sampling_params`,
+:func:`agentboost.engines.remote.wire.vllm.sampling_params`), plus veRL's ``logprobs`` switch:
 
 * ``stop_token_ids`` = the provider's stop ids and ``ignore_eos = True``: the server stops only there or
   at the token budget, so ``finish_reason`` is ``stop`` exactly when the last id is a stop id;
@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
-from agentboost.engines.wire import sglang as sglang_wire
-from agentboost.engines.wire import vllm as vllm_wire
+from agentboost.engines.remote.wire import sglang as sglang_wire
+from agentboost.engines.remote.wire import vllm as vllm_wire
 from agentboost.errors import EngineError, PromptTooLongError
 
 _ABORTED = frozenset({"aborted", "abort"})

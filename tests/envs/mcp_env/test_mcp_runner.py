@@ -12,7 +12,7 @@ from mcp_support import STORE_KWARGS as KWARGS
 from mcp_support import descendants
 
 from agentboost.engines.scripted import ScriptedEngine
-from agentboost.engines.server import start_server
+from agentboost.engines.servers.serve import start_server
 from agentboost.envs.registry import make_environment
 from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.runner import RunConfig, plan_jobs, run_jobs

@@ -12,7 +12,7 @@ from mcp_support import FAULT_SERVER, http_server, stdio
 from transformers import AutoModelForCausalLM
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.local import LocalEngine
+from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.registry import make_environment
 from agentboost.envs.task import Task

@@ -3,8 +3,8 @@
 A :class:`RemoteEngine` is safe to share between many concurrent rollouts in one event loop. Each rollout
 generates through :meth:`RemoteEngine.bind` (keyed by its :class:`~agentboost.engines.base.RolloutKey`),
 whose view keeps every turn on the server first chosen for it, so that server's prefix cache holds the
-rollout's growing prompt. The transport (:mod:`agentboost.engines.transport`) retries and types errors;
-the wire format (:mod:`agentboost.engines.wire`) is each subclass's.
+rollout's growing prompt. The transport (:mod:`agentboost.engines.remote.transport`) retries and types errors;
+the wire format (:mod:`agentboost.engines.remote.wire`) is each subclass's.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
-from agentboost.engines.probe import AGENTBOOST_SERVE, LogprobsFacts, probe_logprobs
-from agentboost.engines.transport import HttpClient, RetryPolicy
+from agentboost.engines.remote.probe import AGENTBOOST_SERVE, LogprobsFacts, probe_logprobs
+from agentboost.engines.remote.transport import HttpClient, RetryPolicy
 from agentboost.errors import (
     ConfigError,
     ContextLengthError,
@@ -36,7 +36,7 @@ class RemoteEngine:
     """Base of the SGLang and vLLM engines: model facts, context clamping, rollout binding.
 
     Subclasses say how to build the request body, where to send it, how to read the answer and how
-    to learn the server's context length (with the functions of their :mod:`agentboost.engines.wire`
+    to learn the server's context length (with the functions of their :mod:`agentboost.engines.remote.wire`
     module). An engine is safe to share between many concurrent rollouts in one event loop; each
     rollout generates through :meth:`bind` to keep its requests on one server. Several loops (threads)
     may share it too, each with its own connection pool; the load counts used for routing are then
@@ -48,7 +48,8 @@ class RemoteEngine:
     context_slack: ClassVar[int] = 0
     """Tokens the server keeps free: it needs ``prompt + max_new_tokens <= server context - slack``."""
     logprobs_fix: ClassVar[str] = ""
-    """How to fix a server whose logprobs fail :mod:`agentboost.engines.probe` (the end of the error)."""
+    """How to fix a server whose logprobs fail :mod:`agentboost.engines.remote.probe` (the end of the
+    error)."""
 
     def __init__(
         self,
@@ -200,7 +201,7 @@ class RemoteEngine:
         raise NotImplementedError
 
     async def _top_logprobs(self, url: str, temperature: float, top_k: int) -> dict[int, float]:
-        """The top logprobs of the probe prompt's next token (:mod:`agentboost.engines.probe`)."""
+        """The top logprobs of the probe prompt's next token (:mod:`agentboost.engines.remote.probe`)."""
         raise NotImplementedError
 
     def check_sampling(self, sampling: SamplingParams) -> None:

@@ -12,7 +12,7 @@ its longest cached prefix.
   recently used leaves go first (an inner edge becomes a leaf once its children are gone). Nothing is
   in use between scheduler steps (a prefill copies what it matched), so every entry can be evicted.
 - **Never stale.** The engine clears the tree whenever the model's weights change
-  (:meth:`~agentboost.engines.local.LocalEngine.weights_updated`, or an automatic check of the
+  (:meth:`~agentboost.engines.embedded.engine.LocalEngine.weights_updated`, or an automatic check of the
   parameters' version counters), and never inserts KV computed under older weights.
 
 The cache holds tensors on the model's device; it is used only from the engine's scheduler thread.

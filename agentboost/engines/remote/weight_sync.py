@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams
-from agentboost.engines.transport import error_message, normalize_urls
-from agentboost.engines.vllm_server import WORKER_EXTENSION_DIR
+from agentboost.engines.remote.transport import error_message, normalize_urls
+from agentboost.engines.servers.vllm_server import WORKER_EXTENSION_DIR
 from agentboost.errors import ServersDownError, StaleRolloutError, WeightSyncError
 
 if TYPE_CHECKING:
-    from agentboost.engines.prefix_cache import PrefixCacheStats
+    from agentboost.engines.embedded.prefix_cache import PrefixCacheStats
 
 RELOAD_METHOD = "agentboost_reload_weights"
-"""The worker method a push calls (``agentboost/engines/vllm_worker/agentboost_vllm_worker.py``)."""
+"""The worker method a push calls (``agentboost/engines/servers/vllm_worker/agentboost_vllm_worker.py``)."""
 
 
 def hf_state_dict(model: Any) -> dict[str, Any]:
@@ -154,7 +154,8 @@ class WeightSync:
 
 class SyncedVLLMEngine:
     """The trainer's engine when rollouts come from vLLM servers: a
-    :class:`~agentboost.engines.base.TrainableEngine` over a :class:`~agentboost.engines.vllm.VLLMEngine`.
+    :class:`~agentboost.engines.base.TrainableEngine` over a
+    :class:`~agentboost.engines.remote.vllm.VLLMEngine`.
 
     :meth:`sync_weights` pushes the trainer's weights to every server (:class:`WeightSync`); the trainer
     calls it once, before a step's rollouts, whenever its weights changed, so a refused push is one
@@ -168,7 +169,7 @@ class SyncedVLLMEngine:
         self, urls: str | Sequence[str], model: Any, directory: str | Path, *, timeout_s: float = 600.0
     ) -> None:
         from agentboost.engines.base import TrainableEngine, check_engine
-        from agentboost.engines.vllm import VLLMEngine
+        from agentboost.engines.remote.vllm import VLLMEngine
 
         self.model = model
         self.sync = WeightSync(urls, directory, timeout_s=timeout_s)
@@ -210,7 +211,7 @@ class SyncedVLLMEngine:
         """Nothing held in this process between rollouts."""
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        from agentboost.engines.prefix_cache import PrefixCacheStats
+        from agentboost.engines.embedded.prefix_cache import PrefixCacheStats
 
         return PrefixCacheStats()  # vLLM keeps its own prefix cache; it reports no counters here
 

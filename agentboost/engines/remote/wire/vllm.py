@@ -33,7 +33,7 @@ import time
 from typing import Any, TypedDict
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.wire.common import (
+from agentboost.engines.remote.wire.common import (
     ServedRequest,
     check_fields,
     check_neutral,

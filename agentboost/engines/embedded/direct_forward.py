@@ -12,8 +12,8 @@ in one function, from the same weights: the RMSNorms and the rotary embedding in
 (``native/layers.c``; without the native kernels, the norm modules' own ``forward`` and the model's
 ``apply_rotary_pos_emb``), the engine's linears (oneDNN packs, or ``F.linear``) with the MLP's
 activation and product and the residual additions done in place on their outputs
-(:class:`~agentboost.engines.packed_linear.Linears`), the batch's KV buffer written in place, and the
-attention kernel of :mod:`agentboost.engines.native_attention` (or PyTorch's where it declines). A
+(:class:`~agentboost.engines.embedded.packed_linear.Linears`), the batch's KV buffer written in place, and the
+attention kernel of :mod:`agentboost.engines.embedded.native_attention` (or PyTorch's where it declines). A
 prefill computes the last layer's attention output and MLP for the last position only, the one whose
 logits are read. Nothing of the model is modified.
 
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from agentboost.engines import decode_attention, native_attention, packed_linear
+from agentboost.engines.embedded import decode_attention, native_attention, packed_linear
 
 logger = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class DirectForward:
         when every logit agrees within :data:`TOLERANCE` of the largest."""
         from transformers import DynamicCache
 
-        from agentboost.engines.batch_kv import BatchKV, layout_of
+        from agentboost.engines.embedded.batch_kv import BatchKV, layout_of
 
         self._walked = self._walk()  # what is checked is the model as it is now
         self._classes = [type(module) for module in _flat(self._walked)]

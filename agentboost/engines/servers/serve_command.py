@@ -1,4 +1,5 @@
-"""The `agentboost serve` command: load a model and serve it over HTTP (:mod:`agentboost.engines.server`)."""
+"""The `agentboost serve` command: load a model and serve it over HTTP
+(:mod:`agentboost.engines.servers.serve`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import asyncio
 import sys
 from typing import Any
 
-from agentboost.engines.faults import FAULT_KINDS, FaultConfig
-from agentboost.engines.server import serve_forever
+from agentboost.engines.servers.faults import FAULT_KINDS, FaultConfig
+from agentboost.engines.servers.serve import serve_forever
 from agentboost.errors import AgentBoostError, ConfigError
 
 
@@ -87,7 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         claim_port(args.host, args.port)  # before the model loads
         faults = faults_from_args(args)
-        from agentboost.engines.local import LocalEngine
+        from agentboost.engines.embedded.engine import LocalEngine
         from agentboost.models.weights import DEFAULT_MODEL
 
         model = args.model or DEFAULT_MODEL
@@ -175,7 +176,7 @@ def run_serve_vllm(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from agentboost.engines.vllm_server import VLLMServer, VLLMServerConfig
+    from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig
     from agentboost.models.weights import DEFAULT_MODEL, resolve_model
 
     try:

@@ -1,7 +1,7 @@
 /*
  * Attention of a one-token decode step over a KV cache, fp32, grouped query heads.
  *
- * Built and loaded by agentboost/engines/native_attention.py (cc -O3 -march=native -fopenmp). One call
+ * Built and loaded by agentboost/engines/embedded/native_attention.py (cc -O3 -march=native -fopenmp). One call
  * attends every row and every key/value head of one layer: for each (row, kv head) pair it reads the
  * pair's keys once (scores of its G query heads), takes a softmax per query head, and reads the pair's
  * values once (the weighted sum). The cache is read exactly once per step, in order, so the step runs

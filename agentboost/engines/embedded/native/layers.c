@@ -1,8 +1,8 @@
 /*
  * The elementwise parts of a decoder layer that PyTorch runs as several passes each: RMSNorm and the
- * rotary position embedding, fp32, for agentboost/engines/direct_forward.py.
+ * rotary position embedding, fp32, for agentboost/engines/embedded/direct_forward.py.
  *
- * Built with attention.c into one library by agentboost/engines/native_attention.py. Each replaces a
+ * Built with attention.c into one library by agentboost/engines/embedded/native_attention.py. Each replaces a
  * chain of PyTorch operators, every one of which reads and writes a whole tensor (RMSNorm: pow, mean,
  * add, rsqrt, two multiplications; the rotary embedding: two multiplications, a negation, a
  * concatenation and an addition, for the queries and again for the keys), with one pass.

@@ -1,6 +1,6 @@
 """SGLang as an engine: token ids in, token ids and log-probabilities out, over native ``/generate``.
 
-The request and answer are :mod:`agentboost.engines.wire.sglang`'s. Context length: SGLang refuses a
+The request and answer are :mod:`agentboost.engines.remote.wire.sglang`'s. Context length: SGLang refuses a
 request unless ``prompt + max_new_tokens < context length``, so :attr:`SGLangEngine.context_length`
 reports one less than the server's, the client clamps ``max_new_tokens`` to what that leaves and raises
 :class:`~agentboost.errors.ContextLengthError` without sending anything when nothing is left. The
@@ -19,9 +19,9 @@ import logging
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
-from agentboost.engines.remote import RemoteEngine
-from agentboost.engines.wire import sglang as wire
+from agentboost.engines.remote.engine import RemoteEngine
+from agentboost.engines.remote.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
+from agentboost.engines.remote.wire import sglang as wire
 from agentboost.errors import EngineRequestError
 
 logger = logging.getLogger(__name__)

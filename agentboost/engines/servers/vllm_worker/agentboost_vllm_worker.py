@@ -1,7 +1,7 @@
 """A vLLM worker extension for weight pushes: ``--worker-extension-cls agentboost_vllm_worker.WeightReload``.
 
 This file is imported by the vLLM server's own interpreter (its directory is put on the server's
-``PYTHONPATH`` by :class:`agentboost.engines.vllm_server.VLLMServer`), so it imports nothing from
+``PYTHONPATH`` by :class:`agentboost.engines.servers.vllm_server.VLLMServer`), so it imports nothing from
 agentboost and nothing vLLM does not already have.
 
 Why it exists: vLLM-CPU keeps a packed copy of each matrix it multiplies by (oneDNN or sgl-kernel,

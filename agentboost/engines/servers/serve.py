@@ -16,9 +16,9 @@ Anything the subset does not cover (text prompts, batches, streaming, penalties,
 is refused with HTTP 400 rather than silently ignored. Context limits follow each server's rule.
 The engine stops only at the requested stop ids, so ``ignore_eos`` has no effect here.
 
-The bodies are :mod:`agentboost.engines.wire`'s (the same module the clients use); faults for testing
-clients come from :mod:`agentboost.engines.faults`; the command line is
-:mod:`agentboost.engines.serve_command`.
+The bodies are :mod:`agentboost.engines.remote.wire`'s (the same module the clients use); faults for testing
+clients come from :mod:`agentboost.engines.servers.faults`; the command line is
+:mod:`agentboost.engines.servers.serve_command`.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Any
 
 from aiohttp import web
 
-from agentboost.engines import faults as fault_kinds
 from agentboost.engines.base import Engine
-from agentboost.engines.faults import FaultConfig, FaultInjector
-from agentboost.engines.wire import sglang as sglang_wire
-from agentboost.engines.wire import vllm as vllm_wire
+from agentboost.engines.remote.wire import sglang as sglang_wire
+from agentboost.engines.remote.wire import vllm as vllm_wire
+from agentboost.engines.servers import faults as fault_kinds
+from agentboost.engines.servers.faults import FaultConfig, FaultInjector
 from agentboost.errors import (
     ConfigError,
     ContextLengthError,

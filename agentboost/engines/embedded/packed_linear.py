@@ -18,8 +18,8 @@ scheduler thread, or wherever autograd is recording, it falls back to ``F.linear
 plain weight is passed, and oneDNN reorders it inside each call (no memory held; a transient copy of
 one weight at a time). The packs cost about the size of the linear weights (516 MiB for SmolLM2-135M)
 and are rebuilt when the weights change (the engine's weights epoch), so the engine drops them when it
-goes idle and on :meth:`~agentboost.engines.local.LocalEngine.release_memory`. oneDNN's sums are in a
-different order than MKL's: outputs agree to fp32 rounding (about 1e-6 relative), not to the bit.
+goes idle and on :meth:`~agentboost.engines.embedded.engine.LocalEngine.release_memory`. oneDNN's sums are in
+a different order than MKL's: outputs agree to fp32 rounding (about 1e-6 relative), not to the bit.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class Linears:
-    """A model's linears for the direct forward (agentboost/engines/direct_forward.py), on PyTorch's
+    """A model's linears for the direct forward (agentboost/engines/embedded/direct_forward.py), on PyTorch's
     path here and on oneDNN's in :class:`PackedLinears`: one linear, several on the same input, or one
     followed by the residual addition done in place on its output. (oneDNN can add, multiply or apply
     SiLU inside its products, as post-ops; on a 16 x 400 prefill that was no faster than in place,

@@ -13,8 +13,8 @@ What every remote engine gets from :class:`HttpClient`:
 * cancellation: cancelling the task that awaits a request closes the in-flight connection, so
   the server sees the disconnect and can stop generating.
 
-Which server a request goes to is :mod:`agentboost.engines.routing`'s decision; what the bodies mean is
-:mod:`agentboost.engines.wire`'s.
+Which server a request goes to is :mod:`agentboost.engines.remote.routing`'s decision; what the bodies mean is
+:mod:`agentboost.engines.remote.wire`'s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from agentboost.engines.routing import Server, ServerPool
+from agentboost.engines.remote.routing import Server, ServerPool
 from agentboost.errors import (
     ConfigError,
     ContextLengthError,

@@ -22,7 +22,7 @@ math demonstration's rollouts held 1.3 GiB free inside the heap at their peak; d
 batch is built straight from its parts (the rows already running, the rows just prefilled, the rows
 that stay after some leave), each copied once into place: no concatenated or re-indexed intermediate.
 
-Imported lazily by :mod:`agentboost.engines.local` (it imports transformers).
+Imported lazily by :mod:`agentboost.engines.embedded.engine` (it imports transformers).
 """
 
 from __future__ import annotations

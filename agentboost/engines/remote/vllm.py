@@ -1,6 +1,6 @@
 """vLLM as an engine: token ids in, token ids and log-probabilities out, over ``/v1/completions``.
 
-The request and answer are :mod:`agentboost.engines.wire.vllm`'s (never the chat endpoint: it
+The request and answer are :mod:`agentboost.engines.remote.wire.vllm`'s (never the chat endpoint: it
 re-renders the conversation from text and loses token exactness).
 
 Context length: ``max_model_len`` from ``/v1/models``, read once; vLLM accepts a request when
@@ -10,9 +10,9 @@ Context length: ``max_model_len`` from ``/v1/models``, read once; vLLM accepts a
 Log-probabilities: vLLM's default ``--logprobs-mode raw_logprobs`` reports the untempered model
 distribution, not the convention of :mod:`agentboost.engines.base`; ``processed_logprobs`` reports
 the sampling distribution, after top-k/top-p. Before its first generation the engine probes each
-server (:mod:`agentboost.engines.probe`) and refuses one whose logprobs are not the sampling
+server (:mod:`agentboost.engines.remote.probe`) and refuses one whose logprobs are not the sampling
 distribution's, and refuses top-k/top-p on one that reports them after truncation.
-:mod:`agentboost.engines.vllm_server` starts vLLM with the right flags. The facts found (version,
+:mod:`agentboost.engines.servers.vllm_server` starts vLLM with the right flags. The facts found (version,
 model, dtype, logprobs) are in :attr:`VLLMEngine.server_facts`.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentboost.engines.base import Generation, SamplingParams
-from agentboost.engines.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
-from agentboost.engines.remote import RemoteEngine
-from agentboost.engines.wire import vllm as wire
+from agentboost.engines.remote.engine import RemoteEngine
+from agentboost.engines.remote.probe import AGENTBOOST_SERVE, PROBE_PROMPT, PROBE_TOP
+from agentboost.engines.remote.wire import vllm as wire
 from agentboost.errors import EngineRequestError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class VLLMEngine(RemoteEngine):
     """Drives one or more vLLM servers through ``/v1/completions`` with token-id prompts.
 
     ``model`` is the served model name; when None, the first model ``/v1/models`` lists is used.
-    ``urls`` and routing work as in :class:`~agentboost.engines.sglang.SGLangEngine`.
+    ``urls`` and routing work as in :class:`~agentboost.engines.remote.sglang.SGLangEngine`.
     """
 
     server_kind: ClassVar[str] = "vLLM"
@@ -47,7 +47,7 @@ class VLLMEngine(RemoteEngine):
 
     def __init__(self, urls: str | Sequence[str], *, model: str | None = None, **options: Any) -> None:
         """``model``: the served model's name (learned from /v1/models when None); ``options`` as
-        :class:`~agentboost.engines.remote.RemoteEngine` (timeouts, retry policy, context length)."""
+        :class:`~agentboost.engines.remote.engine.RemoteEngine` (timeouts, retry policy, context length)."""
         super().__init__(urls, **options)
         self.model = model
         # the model name is a model fact too: learn it with the context length unless both are given

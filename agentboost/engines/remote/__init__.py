@@ -1,0 +1,1 @@
+"""Clients of remote servers (SGLang, vLLM, ``agentboost serve``): transport, routing, probe, wire formats."""
