@@ -20,7 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.embedded.engine import LocalEngine, _Request
+from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.embedded.scheduler import _Request
 from agentboost.errors import EngineError
 
 WARMUP_STEPS = 3

@@ -110,7 +110,7 @@ def test_a_model_that_computes_something_else_fails_the_check(caplog):
     model = build("llama", seed=1)
     model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output + 0.5)
     engine = LocalEngine(model)
-    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded.engine"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded"):
         ours = generate_all(engine)
     engine.close()
     assert engine.direct_steps == 0 and engine.direct_forward_reason.startswith("failed its check")
@@ -146,7 +146,7 @@ def test_a_model_changed_after_the_check_goes_back_to_transformers_forward(chang
     used = engine.direct_steps
     change(model)
     engine.weights_updated()  # the model computes something else: its cached prefixes are stale
-    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded.engine"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.engines.embedded"):
         ours = generate_all(engine)
     engine.close()
     assert engine.direct_steps == used  # not one step more

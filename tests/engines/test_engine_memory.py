@@ -14,6 +14,7 @@ from conftest import run, tiny_qwen3
 
 import agentboost.engines.embedded.engine as local
 from agentboost.engines.base import SamplingParams
+from agentboost.engines.embedded import model_step, scheduler
 from agentboost.engines.embedded.engine import LocalEngine, _kv_bytes_per_token
 from agentboost.errors import ConfigError, EngineError
 from agentboost.memory import large_blocks_from_heap, resident_bytes, trim_heap
@@ -101,8 +102,8 @@ def test_a_closed_engines_scheduler_thread_serves_the_next_engine_and_ends_when_
     """Engines made one after another run on one kept thread (its arena, OpenMP workers and oneDNN
     scratch reused: the flat memory above); engines alive together each have their own; a thread left
     idle for SCHEDULER_IDLE_S ends."""
-    monkeypatch.setattr(local, "SCHEDULER_IDLE_S", 0.5)
-    monkeypatch.setattr(local, "_SCHEDULERS", local._SchedulerThreads())
+    monkeypatch.setattr(scheduler, "SCHEDULER_IDLE_S", 0.5)
+    monkeypatch.setattr(scheduler, "_SCHEDULERS", scheduler._SchedulerThreads())
     seen: list[threading.Thread] = []
 
     def engine_recording_its_thread() -> LocalEngine:
@@ -135,9 +136,9 @@ def test_a_closed_engines_scheduler_thread_serves_the_next_engine_and_ends_when_
     assert all(r.token_ids == first.token_ids for r in run(together()))
     assert len(set(seen[2:])) == 3 and seen[0] in seen[2:]
     deadline = time.monotonic() + 10
-    while local._SCHEDULERS._idle and time.monotonic() < deadline:
+    while scheduler._SCHEDULERS._idle and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not local._SCHEDULERS._idle  # every idle thread ended
+    assert not scheduler._SCHEDULERS._idle  # every idle thread ended
     for thread in seen:
         thread.join(timeout=5)
         assert not thread.is_alive()
@@ -145,14 +146,14 @@ def test_a_closed_engines_scheduler_thread_serves_the_next_engine_and_ends_when_
 
 def test_a_forked_child_does_not_inherit_its_parents_idle_scheduler_threads(monkeypatch, random_qwen3):
     """The threads do not exist in a child process: handing its engine one would hang it."""
-    monkeypatch.setattr(local, "_SCHEDULERS", local._SchedulerThreads())
+    monkeypatch.setattr(scheduler, "_SCHEDULERS", scheduler._SchedulerThreads())
     engine = LocalEngine(random_qwen3)
     run(engine.generate([5, 6, 7], GREEDY, max_new_tokens=2))
     engine.close()
-    assert local._SCHEDULERS._idle  # the parent keeps its thread for the next engine
+    assert scheduler._SCHEDULERS._idle  # the parent keeps its thread for the next engine
     child = os.fork()
     if child == 0:  # nothing but a look at the pool in the child
-        os._exit(0 if not local._SCHEDULERS._idle else 1)
+        os._exit(0 if not scheduler._SCHEDULERS._idle else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
@@ -207,7 +208,7 @@ def test_only_a_large_prefill_keeps_its_blocks_in_the_heap_and_the_heap_is_trimm
 
     monkeypatch.setattr(local, "large_blocks_from_heap", recorded)
     monkeypatch.setattr(local, "trim_heap", lambda: events.append("trim"))
-    monkeypatch.setattr(local, "LARGE_PREFILL_BYTES", threshold)
+    monkeypatch.setattr(model_step, "LARGE_PREFILL_BYTES", threshold)
     engine = LocalEngine(tiny_qwen3(), prefix_cache_bytes=0)
     engine._trimmed_at = float("inf")  # the rate-limited trim after a batch change never comes due here
     assert engine._use_direct()  # the direct forward's first-use check runs its passes before recording

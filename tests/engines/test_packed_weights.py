@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from conftest import run, tiny_qwen3
 
 from agentboost.engines.base import SamplingParams
-from agentboost.engines.embedded import engine as local
-from agentboost.engines.embedded import packed_linear
+from agentboost.engines.embedded import packed_linear, scheduler
 from agentboost.engines.embedded.engine import LocalEngine
 from agentboost.engines.embedded.packed_linear import PackedLinears, onednn_supported
 
@@ -129,7 +128,7 @@ def test_packs_follow_weight_changes_and_are_given_back():
 
     # an idle engine drops its packs by itself; release_memory() drops them at once
     assert engine._linears is not None
-    deadline = time.monotonic() + local.PACKED_IDLE_RELEASE_S + 10
+    deadline = time.monotonic() + scheduler.PACKED_IDLE_RELEASE_S + 10
     while engine._linears.held and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not engine._linears.held
