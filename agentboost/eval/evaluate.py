@@ -28,6 +28,7 @@ from agentboost.rollout.results import ResultStore, read_results
 from agentboost.rollout.run import PreparedRun
 from agentboost.rollout.runner import Execute, RunConfig, RunSummary, in_process, plan_jobs, run_jobs
 from agentboost.rollout.spec import RunSpec
+from agentboost.tokens.tokenizer import Tokenizer
 
 REPORT_FORMAT = "agentboost.eval"
 REPORT_VERSION = 2
@@ -133,7 +134,7 @@ def _breakdown_mean(results: Sequence[RolloutResult], key: str) -> float | None:
 async def evaluate(
     environment: Environment,
     engine: Engine | None,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     tasks: Sequence[Any],
     *,
     out: str | os.PathLike[str],

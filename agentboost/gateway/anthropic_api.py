@@ -25,6 +25,7 @@ from agentboost.gateway.wire import (
     tool_schema,
 )
 from agentboost.tokens.templates import Message
+from agentboost.tokens.tokenizer import Tokenizer
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -47,7 +48,9 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     }
 
 
-def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool, bool]:
+def parse_request(
+    body: Any, tokenizer: Tokenizer, memo: WireMemo | None = None
+) -> tuple[ChatRequest, bool, bool]:
     """(request, stream, thinking) from a Messages body; GatewayError when it is malformed.
 
     ``thinking``: whether the answer shows the model's reasoning as a ``thinking`` block (the

@@ -28,6 +28,7 @@ from agentboost.gateway.wire import (
     tool_schema,
 )
 from agentboost.tokens.templates import Message
+from agentboost.tokens.tokenizer import Tokenizer
 
 _REFUSED = {
     "logit_bias": "logit_bias is not supported (the gateway never changes the model's distribution)",
@@ -52,7 +53,9 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
 
 
-def parse_request(body: Any, tokenizer: Any, memo: WireMemo | None = None) -> tuple[ChatRequest, bool, bool]:
+def parse_request(
+    body: Any, tokenizer: Tokenizer, memo: WireMemo | None = None
+) -> tuple[ChatRequest, bool, bool]:
     """(request, stream, include_usage) from a Chat Completions body; GatewayError when it is malformed.
 
     ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.

@@ -38,6 +38,7 @@ from agentboost.gateway import anthropic_api, openai_api
 from agentboost.gateway.session import DriftPolicy, GatewayError, GatewaySession, check_policy
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import TerminationReason
 
 
@@ -64,7 +65,7 @@ class Gateway:
     def __init__(
         self,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         template: ChatTemplate | str | None = None,
         parser: str = "hermes",

@@ -32,6 +32,7 @@ from agentboost.gateway.message_keys import MessageKey, WireMemo, message_key
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 
@@ -117,7 +118,7 @@ class GatewaySession:
         session_id: str,
         *,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         template: ChatTemplate,
         parser: ToolCallParser,
         stop_token_ids: Sequence[int],

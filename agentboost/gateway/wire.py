@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentboost.gateway.session import GatewayError
+from agentboost.tokens.tokenizer import Tokenizer
 
 
 def bad_request(message: str, *, code: str | None = None) -> GatewayError:
@@ -66,7 +67,7 @@ def number_field(value: Any, name: str) -> float | None:
     return float(value)
 
 
-def stop_ids(stop: Any, tokenizer: Any, name: str) -> tuple[int, ...]:
+def stop_ids(stop: Any, tokenizer: Tokenizer, name: str) -> tuple[int, ...]:
     """Stop strings as token ids: each must be exactly one token of the vocabulary."""
     if stop is None:
         return ()

@@ -18,13 +18,20 @@ class Tokenizer(Protocol):
 
     eos_token_id: int | None
     unk_token_id: int | None
+    pad_token_id: int | None
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
         """The ids of ``text`` (agentboost passes ``add_special_tokens=False``)."""
         ...
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str:
-        """The text of ``token_ids``."""
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool = ...,
+        clean_up_tokenization_spaces: bool | None = ...,
+    ) -> str:
+        """The text of ``token_ids`` (a user simulator keeps its spaces:
+        ``clean_up_tokenization_spaces=False``)."""
         ...
 
     def convert_tokens_to_ids(self, tokens: str) -> Any:

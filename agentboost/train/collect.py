@@ -19,6 +19,7 @@ from agentboost.rollout.outcomes import reward_summary
 from agentboost.rollout.results import read_results
 from agentboost.rollout.runner import RunTasks, plan_jobs
 from agentboost.rollout.spec import RunSpec
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.train.config import EvalConfig, ModelConfig, RolloutConfig
 
 
@@ -137,7 +138,7 @@ def training_spec(
 def collect_rollouts(
     environment: Environment,
     engine: Any,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     spec: RunSpec,
     tasks: Sequence[Any],
     path: Path,

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from agentboost.errors import ConfigError
 from agentboost.models import precision as precision_module
 from agentboost.models.precision import Precision
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.train import algorithms
 from agentboost.train.batching import TokenBatch
 from agentboost.train.config import LoraConfig, ModelConfig, OptimizerConfig
@@ -124,7 +125,7 @@ def make_optimizer(
     )
 
 
-def pad_token_id(tokenizer: Any) -> int:
+def pad_token_id(tokenizer: Tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 

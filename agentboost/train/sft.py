@@ -37,6 +37,7 @@ import torch
 
 from agentboost.errors import ConfigError, TemplateError
 from agentboost.memory import trim_heap
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.train import config as config_module
 from agentboost.train import schedule
 from agentboost.train.batching import Sample, micro_batches
@@ -190,7 +191,7 @@ class DataReport:
 
 
 def render_chat(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     *,
@@ -268,7 +269,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, row
 
 
-def load_examples(data: SFTDataConfig, tokenizer: Any) -> tuple[list[Example], DataReport]:
+def load_examples(data: SFTDataConfig, tokenizer: Tokenizer) -> tuple[list[Example], DataReport]:
     """Every usable example of ``data.paths``, in file order, and a report of what was left out."""
     from agentboost.envs.base import RolloutResult
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.eval.stats import tool_results, tool_usage_stats
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import Trajectory
 
 _ASSETS = Path(__file__).parent
@@ -97,7 +98,7 @@ def _detail(result: RolloutResult) -> dict[str, Any]:
     }
 
 
-def token_pieces(tokenizer: Any, ids: Iterable[int]) -> dict[str, str]:
+def token_pieces(tokenizer: Tokenizer, ids: Iterable[int]) -> dict[str, str]:
     """The text of each distinct token id, decoded on its own (partial UTF-8 shows as U+FFFD)."""
     return {str(token): tokenizer.decode([token]) for token in sorted(set(ids))}
 
@@ -105,7 +106,7 @@ def token_pieces(tokenizer: Any, ids: Iterable[int]) -> dict[str, str]:
 def build_page(
     results: Sequence[RolloutResult],
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     threshold: float = 1.0,
     title: str = "agentboost rollouts",
 ) -> str:
@@ -163,7 +164,7 @@ def write_report(
     paths: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     threshold: float = 1.0,
     title: str | None = None,
 ) -> int:
