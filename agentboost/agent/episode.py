@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from agentboost.errors import ConfigError, EngineError, EnvironmentStepError
 from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 _TURNS_PER_INVOCATION = 100
@@ -53,7 +54,7 @@ class UserTurn:
 NextUserMessage = Callable[[list[ChatMessage]], Awaitable[UserTurn | str | None]]
 
 
-def stop_token_ids(tokenizer: Any) -> list[int]:
+def stop_token_ids(tokenizer: Tokenizer) -> list[int]:
     """End-of-turn ids for a ChatML-style tokenizer: ``<|im_end|>`` and the EOS token."""
     ids = []
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -66,8 +67,8 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
 
 async def run_agent(
     engine: Engine,
-    tokenizer: Any,
-    prompt: str | Sequence[dict[str, Any]],
+    tokenizer: Tokenizer,
+    prompt: str | Sequence[Mapping[str, Any]],
     *,
     system_prompt: str | None = None,
     tools: Sequence[Any] = (),
@@ -125,7 +126,7 @@ async def run_agent(
         model.turn_budget = guard.turn_budget
         agent = Agent(
             model=model,
-            messages=history,
+            messages=history,  # type: ignore[arg-type]  # roles: a prompt's turns are user and assistant
             tools=[*tools, invalid_tool_call],
             hooks=[guard, *hooks],
             system_prompt=system_prompt,

@@ -34,6 +34,7 @@ from agentboost.errors import ConfigError, InvalidToolCall
 from agentboost.tokens.builder import TokenBuffer
 from agentboost.tokens.parsers import ParseError, ToolCall, ToolCallParser
 from agentboost.tokens.templates import ChatTemplate, Message, tool_specs_to_openai
+from agentboost.tokens.tokenizer import Tokenizer
 
 INVALID_CALL_TOOL = "agentboost_invalid_tool_call"
 
@@ -96,7 +97,7 @@ class TokenModel(Model):
     def __init__(
         self,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         template: ChatTemplate,
         parser: ToolCallParser,
         *,
@@ -141,7 +142,7 @@ class TokenModel(Model):
 
     async def structured_output(
         self, output_model: Any, prompt: Any, system_prompt: str | None = None, **kwargs: Any
-    ):  # type: ignore[override]
+    ):
         raise NotImplementedError("TokenModel does not support structured output; use tools instead")
         yield  # pragma: no cover
 

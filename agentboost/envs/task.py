@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from agentboost.errors import ConfigError
+from agentboost.tokens.messages import ChatMessage
 
 PROMPT_ROLES = ("system", "user", "assistant")
 """Roles a starting conversation may hold. Its messages are prompt tokens: never trained on."""
@@ -65,7 +66,7 @@ class Task:
             )
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[ChatMessage]:
         """The prompt as a conversation: ``[{"role": "user", "content": prompt}]`` for a text prompt."""
         if isinstance(self.prompt, str):
             return [{"role": "user", "content": self.prompt}]
@@ -147,14 +148,14 @@ class GeneratedTasks(Sequence[Task]):
     """
 
     def __init__(self, count: int, make: Callable[[], Iterator[Task]]) -> None:
-        self.count = count
+        self._count = count
         self._make = make
 
     def __len__(self) -> int:
-        return self.count
+        return self._count
 
     def __iter__(self) -> Iterator[Task]:
-        yield from itertools.islice(self._make(), self.count)
+        yield from itertools.islice(self._make(), self._count)
 
     @overload
     def __getitem__(self, index: int) -> Task: ...
@@ -164,17 +165,17 @@ class GeneratedTasks(Sequence[Task]):
 
     def __getitem__(self, index: int | slice) -> Task | list[Task]:
         if isinstance(index, slice):
-            start, stop, step = index.indices(self.count)
+            start, stop, step = index.indices(self._count)
             if step < 0:
                 return list(self)[index]
             return list(itertools.islice(self, start, stop, step))
-        position = index + self.count if index < 0 else index
-        if not 0 <= position < self.count:
-            raise IndexError(f"task index {index} out of range for {self.count} tasks")
+        position = index + self._count if index < 0 else index
+        if not 0 <= position < self._count:
+            raise IndexError(f"task index {index} out of range for {self._count} tasks")
         for number, task in enumerate(self):
             if number == position:
                 return task
         raise IndexError(f"task index {index}: the generator stopped early")
 
     def __repr__(self) -> str:
-        return f"GeneratedTasks({self.count})"
+        return f"GeneratedTasks({self._count})"

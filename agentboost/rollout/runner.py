@@ -24,6 +24,7 @@ from agentboost.envs.base import Environment, RolloutResult
 from agentboost.envs.task import Task
 from agentboost.errors import AgentBoostError, ConfigError, WorkerCrashed
 from agentboost.rollout.results import Plan, ResultStore
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 
@@ -177,7 +178,7 @@ class RunTasks(Iterable[Task]):
         kept = self._kept
         if kept is not None and iter(kept) is kept:  # a generator: good for one pass only
             self._kept = None
-            return kept  # type: ignore[return-value]
+            return kept
         return iter(kept if kept is not None else self._call(self._make))
 
     def __iter__(self) -> Iterator[Task]:
@@ -276,7 +277,7 @@ def plan_jobs(environment: Environment, tasks: Iterable[Task], config: RunConfig
 def in_process(
     environment: Environment,
     engine: Engine,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     sampling: SamplingParams | None = None,
     limits: RolloutLimits | None = None,

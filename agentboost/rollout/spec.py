@@ -344,7 +344,12 @@ class RunSpec:
         return cls(**data)
 
     def identity(
-        self, *, environment_name: str, limits: Any, tasks: int, servers: Sequence[Mapping[str, Any]] = ()
+        self,
+        *,
+        environment_name: str,
+        limits: Any,
+        tasks: int | None,
+        servers: Sequence[Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
         """The ``run`` header of a results file and the eval report's ``run``: every field (the compared
         ones decide whether a resume may continue), with the facts resolved from the environment: its

@@ -28,12 +28,14 @@ filled in.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from agentboost.errors import InvalidGenerationError, TemplateError, TokenBufferError
+from agentboost.tokens.messages import Role
 from agentboost.tokens.parsers import THINK_CLOSE, THINK_OPEN
 from agentboost.tokens.plain_text import Span, control_tokens, render_with_spans
 from agentboost.tokens.templates import ChatTemplate, Message
+from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.tokens.trajectory import Segment
 
 _MARKER = "\u2063AGENTBOOST-TURN\u2063"
@@ -49,7 +51,7 @@ class TokenBuffer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         template: ChatTemplate,
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
@@ -205,12 +207,15 @@ class TokenBuffer:
 
     def _fill_skeleton(self, shape: tuple[str, ...], messages: list[Message]) -> str | None:
         """The delta from a cached per-shape skeleton, or None when there is none for this template."""
-        contents = [message.get("content") for message in messages]
-        if not all(isinstance(content, str) and _SLOT not in content for content in contents):
-            return None
+        contents: list[str] = []
+        for message in messages:
+            content = message.get("content")
+            if not isinstance(content, str) or _SLOT in content:
+                return None
+            contents.append(content)
         key = (self.template.source, tuple(sorted(self.template.defaults.items())), shape)
         if key not in _SKELETONS:
-            slotted = [{"role": role, "content": _SLOT} for role in shape]
+            slotted: list[Message] = [{"role": cast(Role, role), "content": _SLOT} for role in shape]
             parts = self._render_delta(self._fast_anchor, self._fast_prefix, None, slotted).split(_SLOT)
             real = self._render_delta(self._fast_anchor, self._fast_prefix, None, messages)
             filled = parts[0] + "".join(
@@ -219,10 +224,12 @@ class TokenBuffer:
             usable = len(parts) == len(contents) + 1 and filled == real
             _SKELETONS[key] = parts if usable else None
             return real
-        parts = _SKELETONS[key]
-        if parts is None:
+        skeleton = _SKELETONS[key]
+        if skeleton is None:
             return None
-        return parts[0] + "".join(content + part for content, part in zip(contents, parts[1:], strict=True))
+        return skeleton[0] + "".join(
+            content + part for content, part in zip(contents, skeleton[1:], strict=True)
+        )
 
     def _prefix_through_marker(self, anchor: list[Message], tools: list[Any] | None) -> str:
         text = self.template.render(anchor, tools, add_generation_prompt=False)

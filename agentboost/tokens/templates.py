@@ -20,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentboost.errors import ConfigError, TemplateError
 from agentboost.tokens.messages import ChatMessage
+from agentboost.tokens.tokenizer import Tokenizer
 
 Message = ChatMessage
 """An OpenAI-style chat message (:class:`~agentboost.tokens.messages.ChatMessage`)."""
@@ -111,7 +112,7 @@ def get_template(name: str, **defaults: Any) -> ChatTemplate:
     )
 
 
-def template_for(tokenizer: Any, name: str | None = None, **defaults: Any) -> ChatTemplate:
+def template_for(tokenizer: Tokenizer, name: str | None = None, **defaults: Any) -> ChatTemplate:
     """Pick a template for a tokenizer.
 
     ``name`` may be a built-in name, ``"tokenizer"`` (the tokenizer's own ``chat_template``), or None:

@@ -103,3 +103,14 @@ def test_reward_pays_only_the_exact_answer():
 def test_system_prompt_asks_for_the_tool_and_the_answer_format():
     assert "calculator" in SYSTEM_PROMPT
     assert SYSTEM_PROMPT.endswith("Answer: <integer>")
+
+
+def test_generated_tasks_are_a_sequence_whose_count_method_works():
+    """GeneratedTasks kept its length in ``count``, hiding Sequence.count: ``tasks.count(task)`` raised
+    TypeError ('int' object is not callable). Found by mypy."""
+    from agentboost.envs.arithmetic import ArithmeticEnvironment
+
+    tasks = ArithmeticEnvironment().tasks(5, seed=1)
+    assert len(tasks) == 5
+    assert tasks.count(tasks[2]) == 1
+    assert tasks.index(tasks[3]) == 3

@@ -16,7 +16,7 @@ from agentboost.envs.tau2.package import (
     stop_markers,
     user_guidelines,
 )
-from agentboost.envs.tau2.reward import tau2_evaluation, to_tau2_messages, toolrl_reward
+from agentboost.envs.tau2.reward import call_arguments, tau2_evaluation, to_tau2_messages, toolrl_reward
 from agentboost.envs.tau2.simulator import AGENT_GREETING, UserSimulator, flip_roles, simulator_prompt
 from agentboost.envs.tau2.tools import ToolLog, resolve_refs, tau2_tools
 from agentboost.errors import ConfigError, EngineError
@@ -214,6 +214,20 @@ def _simulator(qwen_tokenizer, responses, **kwargs):
     engine = ScriptedEngine(responses)
     engine.record_prompts = True
     return UserSimulator(engine, qwen_tokenizer, template="qwen3", **kwargs), engine
+
+
+def test_toolrl_reads_arguments_sent_as_a_json_string_as_the_object_they_encode():
+    """A client may send a call's arguments as a JSON string; scored as a string, its characters were
+    taken for argument names. Found by mypy."""
+    gold = [("cancel", {"id": "X1", "reason": "other"})]
+    as_object, _ = toolrl_reward(
+        [("cancel", call_arguments({"id": "X1", "reason": "other"}))], gold, well_formed=True
+    )
+    as_string, _ = toolrl_reward(
+        [("cancel", call_arguments('{"id": "X1", "reason": "other"}'))], gold, well_formed=True
+    )
+    assert as_string == as_object == 4.0
+    assert call_arguments("not json") == {} and call_arguments("[1, 2]") == {} and call_arguments(None) == {}
 
 
 def test_simulator_prompt_is_tau2s_guidelines_and_the_scenario(qwen_tokenizer, say):

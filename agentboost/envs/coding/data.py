@@ -502,9 +502,9 @@ def docstring_examples(prompt: str, entry_point: str) -> list[dict[str, str]]:
             tree = ast.parse(match["call"], mode="eval").body
         except SyntaxError:
             continue
-        value = _literal(match["value"])
-        if _calls(tree, entry_point) and value is not None:
-            examples.append({"input": match["call"], "output": value})
+        literal = _literal(match["value"])
+        if _calls(tree, entry_point) and literal is not None:
+            examples.append({"input": match["call"], "output": literal})
     return examples
 
 

@@ -364,7 +364,7 @@ class AEnvEnvironment(Environment):
         assert isinstance(episode, MCPEpisode)
         return episode.connections["aenv"].tools(self.hidden)
 
-    async def reward(self, trajectory: Trajectory, episode: Episode) -> float | Reward:  # type: ignore[override]
+    async def reward(self, trajectory: Trajectory, episode: Episode) -> float | Reward:
         server: AEnvServer = episode.state["aenv_server"]
         arguments = {"task_id": episode.task.id, "final_text": trajectory.final_text}
         declared = server.reward_parameters if server.reward_parameters is not None else set(arguments)

@@ -167,7 +167,7 @@ class MCPEnvironment(Environment):
         assert isinstance(episode, MCPEpisode), "MCPEnvironment.tools needs the episode its reset returned"
         return [tool for connection in episode.connections.values() for tool in connection.tools(self.hidden)]
 
-    async def reward(self, trajectory: Trajectory, episode: Episode) -> float | Reward:  # type: ignore[override]
+    async def reward(self, trajectory: Trajectory, episode: Episode) -> float | Reward:
         assert isinstance(episode, MCPEpisode)
         spec = self.reward_spec
         if "python" in spec:

@@ -32,6 +32,7 @@ from strands.tools.mcp import MCPClient
 from strands.tools.mcp.mcp_agent_tool import MCPAgentTool
 from strands.types._events import ToolResultEvent
 from strands.types.exceptions import MCPClientInitializationError
+from strands.types.tools import ToolResult, ToolResultStatus
 
 from agentboost.errors import ConfigError, EnvironmentStepError
 from agentboost.tokens.trajectory import TerminationReason
@@ -256,7 +257,8 @@ class EpisodeConnection:
         self.mcp_tools = {tool.name: tool for tool in listed}
 
     def _list_all_tools(self) -> list[Any]:
-        tools, token = [], None
+        tools: list[Any] = []
+        token: str | None = None
         while True:
             page = self.client.list_tools_sync(pagination_token=token)
             tools.extend(agent_tool.mcp_tool for agent_tool in page)
@@ -280,7 +282,7 @@ class EpisodeConnection:
         """The agent-visible tools: all listed except ``hidden`` (reward, reset and release tools)."""
         return [EpisodeTool(self, tool) for name, tool in self.mcp_tools.items() if name not in hidden]
 
-    async def call(self, name: str, arguments: Mapping[str, Any] | None, tool_use_id: str) -> dict[str, Any]:
+    async def call(self, name: str, arguments: Mapping[str, Any] | None, tool_use_id: str) -> ToolResult:
         """Call one tool: a Strands tool result (text only, bounded), annotated on the episode."""
         started = time.perf_counter()
         try:
@@ -293,7 +295,11 @@ class EpisodeConnection:
             failure = self.client.failures.pop(tool_use_id, None)
         except Exception as error:  # the session is no longer running
             raw, failure = (
-                {"status": "error", "content": [{"text": f"Tool execution failed: {error}"}]},
+                {
+                    "toolUseId": tool_use_id,
+                    "status": "error",
+                    "content": [{"text": f"Tool execution failed: {error}"}],
+                },
                 error,
             )
         if failure is None:
@@ -318,11 +324,12 @@ class EpisodeConnection:
                 **({"truncated": True} if truncated else {}),
             )
             if outcome == "server_lost":
+                assert failure is not None  # server_lost is a failure's outcome
                 self.episode.stop_signal.set(
                     TerminationReason.ENV_ERROR,
                     f"MCP server {self.spec.name!r} was lost during tool {name!r}: {_root_message(failure)}",
                 )
-        status = "success" if outcome == "ok" else "error"
+        status: ToolResultStatus = "success" if outcome == "ok" else "error"
         return {"toolUseId": tool_use_id, "status": status, "content": [{"text": text}]}
 
     async def call_hidden(self, name: str, arguments: Mapping[str, Any] | None = None) -> str:

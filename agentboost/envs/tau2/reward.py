@@ -19,6 +19,7 @@ without solving the task: it is offered for comparison, and both are always in t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,7 +115,7 @@ def tau2_evaluation(
     }
     if env_info.env_assertions:
         breakdown["env_assertions"] = float(all(check.met for check in env_info.env_assertions))
-    facts = {
+    facts: dict[str, Any] = {
         "reward_basis": sorted(item.value for item in criteria.reward_basis),
         "db_match": None if env_info.db_check is None else bool(env_info.db_check.db_match),
         "communicate_checks": [{"info": check.info, "met": bool(check.met)} for check in communicate_checks],
@@ -179,6 +180,17 @@ def _jaccard(left: set[Any], right: set[Any]) -> float:
     if not left and not right:
         return 1.0
     return len(left & right) / len(left | right)
+
+
+def call_arguments(arguments: Mapping[str, Any] | str | None) -> Mapping[str, Any]:
+    """A tool call's arguments as an object: a JSON string (as some clients send) parsed; anything that
+    is not an object reads as no arguments."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return {}
+    return arguments if isinstance(arguments, Mapping) else {}
 
 
 def toolrl_reward(

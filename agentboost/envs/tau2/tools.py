@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strands.tools.tools import PythonAgentTool
+from strands.types.tools import ToolSpec
 
 from agentboost.envs.tau2.package import tau2_module
 from agentboost.errors import ConfigError
@@ -82,7 +83,7 @@ def tau2_tools(
     tools = []
     for tau2_tool in environment.get_tools():
         function = tau2_tool.openai_schema["function"]
-        spec = {
+        spec: ToolSpec = {
             "name": function["name"],
             "description": function.get("description", ""),
             "inputSchema": {"json": resolve_refs(function.get("parameters", {"type": "object"}))},
