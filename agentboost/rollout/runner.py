@@ -376,6 +376,8 @@ async def run_jobs(
     live = LiveCounts()
     in_flight = 0
     last_shown = 0.0
+    started_at = time.monotonic()
+    last_done = started_at  # when a rollout last finished (the stall notice's clock)
 
     def show(*, refresh: bool) -> None:
         """The bar's postfix: turns and tokens of every rollout so far (in flight included)."""
@@ -481,8 +483,6 @@ async def run_jobs(
             else:
                 print(notice, file=sys.stderr, flush=True)
 
-    started_at = time.monotonic()
-    last_done = started_at
     with counting(live):  # the lanes' tasks copy this context: their turns report to ``live``
         lanes = [
             asyncio.ensure_future(lane()) for _ in range(min(config.concurrency, total or config.concurrency))

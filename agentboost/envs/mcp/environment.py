@@ -253,10 +253,10 @@ def parse_reward_value(text: str, source: str) -> float | Reward:
             f"the reward from {source} is not a number or JSON: {text[:200]!r}"
         ) from error
     if isinstance(value, Mapping) and "reward" in value and value["reward"] is None:
-        error = value.get("error") or "no reason given"  # the served side's reward failed
+        why = value.get("error") or "no reason given"  # the served side's reward failed
         if value.get("outcome") == Outcome.UNSCORABLE.value:
-            raise UnscorableError(f"the reward from {source} is unscorable: {error}")
-        raise EnvironmentStepError(f"the reward from {source} failed: {error}")
+            raise UnscorableError(f"the reward from {source} is unscorable: {why}")
+        raise EnvironmentStepError(f"the reward from {source} failed: {why}")
     if isinstance(value, Mapping) and "reward" in value:
         return Reward(
             float(value["reward"]), dict(value.get("breakdown") or {}), dict(value.get("info") or {})

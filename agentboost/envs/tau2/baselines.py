@@ -30,21 +30,25 @@ from agentboost.envs.tau2.package import Domain, load_domain, tau2_module
 from agentboost.envs.tau2.reward import score
 from agentboost.envs.tau2.simulator import AGENT_GREETING
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog
+from agentboost.errors import ConfigError
+from agentboost.tokens.tokenizer import Tokenizer
 
 POLICIES = ("do_nothing", "always_transfer", "always_end")
 POLITE_LINE = "Thank you for reaching out. I am sorry, but I am unable to help with that."
 CUSTOMER = ("Hi, I need some help with my booking.", "Thank you. ###STOP###")
 
 
-def _turn(tokenizer: Any, text: str) -> list[int]:
+def _turn(tokenizer: Tokenizer, text: str) -> list[int]:
     stop = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    if stop is None:
+        raise ConfigError("the tokenizer has neither an end-of-sequence nor a padding token to end a turn")
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     end = end if isinstance(end, int) and end != tokenizer.unk_token_id else stop
     return [*tokenizer.encode(text, add_special_tokens=False), end]
 
 
 def policy_environment(
-    policy: str, domain: str, reward: str, tokenizer: Any, *, baselines: bool = True
+    policy: str, domain: str, reward: str, tokenizer: Tokenizer, *, baselines: bool = True
 ) -> Any:
     """The environment a policy runs in (ticket mode for ``always_end``; a scripted customer otherwise)."""
     from agentboost.envs.tau2.environment import Tau2Environment
@@ -67,7 +71,7 @@ def run_policy(
     policy: str,
     domain: str,
     reward: str,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     task_ids: Sequence[str] | None = None,
     *,
     split: str | None = None,

@@ -30,6 +30,7 @@ conversation
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentboost.agent.limits import RolloutLimits
@@ -45,12 +46,12 @@ from agentboost.envs.tau2.package import (
     pick,
     scenario_text,
 )
-from agentboost.envs.tau2.reward import score, to_tau2_messages
+from agentboost.envs.tau2.reward import call_arguments, score, to_tau2_messages
 from agentboost.envs.tau2.simulator import AGENT_GREETING, SimulatorReply, UserSimulator
 from agentboost.envs.tau2.tools import TRANSFER_TOOL, ToolLog, tau2_tools
 from agentboost.errors import ConfigError, SimulatorEngineError, SimulatorFailed
 from agentboost.tokens.messages import ChatMessage
-from agentboost.tokens.tokenizer import tokenizer_of
+from agentboost.tokens.tokenizer import Tokenizer, tokenizer_of
 from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
 MODES = ("simulator", "ticket")
@@ -106,7 +107,7 @@ class Tau2Environment(Environment):
         simulator_engine: str | Engine | None = None,
         simulator_url: str | list[str] | None = None,
         simulator_model: str | None = None,
-        simulator_tokenizer: Any = None,
+        simulator_tokenizer: Tokenizer | None = None,
         simulator_template: str | None = None,
         simulator_temperature: float = 1.0,
         simulator_max_new_tokens: int = 256,
@@ -197,10 +198,10 @@ class Tau2Environment(Environment):
                     "the tau2 simulator shares the agent's engine, which an episode carries only inside "
                     "run_episode() (from start on); pass simulator_engine to use it elsewhere"
                 )
-            agent_tokenizer = episode.tokenizer
-            return self._make_simulator(
-                episode.engine, tokenizer if tokenizer is not None else agent_tokenizer
-            )
+            agent_tokenizer = tokenizer if tokenizer is not None else episode.tokenizer
+            if agent_tokenizer is None:
+                raise ConfigError("the agent's engine carries no tokenizer: pass simulator_tokenizer")
+            return self._make_simulator(episode.engine, agent_tokenizer)
         if self._simulator is not None:
             return self._simulator
         if isinstance(engine, str):
@@ -220,7 +221,7 @@ class Tau2Environment(Environment):
         self._simulator = self._make_simulator(engine, tokenizer)
         return self._simulator
 
-    def _make_simulator(self, engine: Engine, tokenizer: Any) -> UserSimulator:
+    def _make_simulator(self, engine: Engine, tokenizer: Tokenizer) -> UserSimulator:
         return UserSimulator(
             engine,
             tokenizer,
@@ -230,7 +231,9 @@ class Tau2Environment(Environment):
             retries=self._simulator_retries,
         )
 
-    async def _customer_says(self, episode: Episode, conversation: list[dict[str, Any]]) -> SimulatorReply:
+    async def _customer_says(
+        self, episode: Episode, conversation: Sequence[Mapping[str, Any]]
+    ) -> SimulatorReply:
         record = episode.info.setdefault("simulator", {"turns": []})
         seed = (
             None
@@ -285,7 +288,7 @@ class Tau2Environment(Environment):
 
         return tau2_tools(episode.state["environment"], episode.state["log"], on_call=on_call)
 
-    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | None:
+    async def next_user_message(self, episode: Episode, messages: list[ChatMessage]) -> UserTurn | str | None:
         if self.mode == "ticket":
             return None
         if episode.state["user_turns"] >= self.max_user_turns:
@@ -319,7 +322,7 @@ class Tau2Environment(Environment):
         log: ToolLog = episode.state["log"]
         conversation = to_tau2_messages(episode_messages(trajectory), log, episode.state["history"])
         predicted = [
-            (call["function"]["name"], call["function"].get("arguments") or {})
+            (call["function"]["name"], call_arguments(call["function"].get("arguments")))
             for message in trajectory.messages
             if message.get("role") == "assistant"
             for call in message.get("tool_calls") or []
@@ -345,6 +348,6 @@ class Tau2Environment(Environment):
         return Reward(breakdown[kind], breakdown, {**facts, "reward": kind})
 
 
-def episode_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+def episode_messages(trajectory: Trajectory) -> list[ChatMessage]:
     """The chat view to score: everything after the system prompt (the greeting included)."""
     return [message for message in trajectory.messages if message.get("role") != "system"]

@@ -32,9 +32,11 @@ from agentboost.agent.episode import stop_token_ids
 from agentboost.engines.base import Engine, SamplingParams, check_max_new_tokens
 from agentboost.envs.tau2.package import stop_markers, user_guidelines, user_system_prompt_frame
 from agentboost.errors import AgentBoostError
+from agentboost.tokens.messages import ChatMessage
 from agentboost.tokens.parsers import split_reasoning
 from agentboost.tokens.plain_text import encode_messages
 from agentboost.tokens.templates import ChatTemplate, template_for
+from agentboost.tokens.tokenizer import Tokenizer
 
 AGENT_GREETING = "Hi! How can I help you today?"
 """The agent's first message in every tau2 conversation (tau2's orchestrator opens with it)."""
@@ -63,9 +65,9 @@ def simulator_prompt(scenario: str) -> str:
     )
 
 
-def flip_roles(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+def flip_roles(conversation: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
     """The agent's conversation as the simulator sees it: agent text -> user, customer text -> assistant."""
-    flipped = []
+    flipped: list[ChatMessage] = []
     for message in conversation:
         content = message.get("content") or ""
         if not isinstance(content, str) or not content.strip():
@@ -83,7 +85,7 @@ class UserSimulator:
     def __init__(
         self,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         template: ChatTemplate | str | None = None,
         sampling: SamplingParams | None = None,
@@ -104,7 +106,10 @@ class UserSimulator:
         self.retries = retries
 
     def render(self, scenario: str, conversation: Sequence[Mapping[str, Any]]) -> list[int]:
-        messages = [{"role": "system", "content": simulator_prompt(scenario)}, *flip_roles(conversation)]
+        messages: list[ChatMessage] = [
+            {"role": "system", "content": simulator_prompt(scenario)},
+            *flip_roles(conversation),
+        ]
         # the agent's words are the policy's: they never become the customer model's control tokens
         return encode_messages(self.tokenizer, self.template, messages)
 
