@@ -171,7 +171,7 @@ def test_malformed_customer_text_is_just_text(qwen_tokenizer, say):
     task = env.tasks(1, split="all")[0]
     result = run(env, task, ["Hello", "I did not understand."], say, qwen_tokenizer)
     assert result.termination is TerminationReason.USER_ENDED
-    assert {"role": "user", "content": garbage} in result.trajectory.messages
+    assert {"role": "user", "content": garbage, "source": "environment"} in result.trajectory.messages
     assert result.trajectory.metrics["tool_calls"] == 0  # the customer's text never runs tools
     assert_masks(result)
 
