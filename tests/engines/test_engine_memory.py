@@ -206,8 +206,9 @@ def test_only_a_large_prefill_keeps_its_blocks_in_the_heap_and_the_heap_is_trimm
             yield True
         events.append("exit")
 
-    monkeypatch.setattr(local, "large_blocks_from_heap", recorded)
-    monkeypatch.setattr(local, "trim_heap", lambda: events.append("trim"))
+    monkeypatch.setattr(model_step, "large_blocks_from_heap", recorded)
+    for module in (local, scheduler, model_step):  # where engine.py's code uses it now
+        monkeypatch.setattr(module, "trim_heap", lambda: events.append("trim"))
     monkeypatch.setattr(model_step, "LARGE_PREFILL_BYTES", threshold)
     engine = LocalEngine(tiny_qwen3(), prefix_cache_bytes=0)
     engine._trimmed_at = float("inf")  # the rate-limited trim after a batch change never comes due here
