@@ -488,7 +488,8 @@ def test_training_against_two_servers_keeps_each_rollout_on_one_server(server, m
                     "output_dir": str(tmp_path / "run"),
                 }
             )
-            Trainer(config, environment=Chatty(user_turns=1, max_new_tokens=24)).train()
+            # room for a sentence: a turn cut at the token limit ends its rollout (max_tokens) after one turn
+            Trainer(config, environment=Chatty(user_turns=1, max_new_tokens=192)).train()
         finally:
             for front in fronts:
                 loop.call(front.close())
