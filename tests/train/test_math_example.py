@@ -34,6 +34,12 @@ def train_sh_settings(script: str = "train.sh") -> tuple[dict, dict[str, str]]:
     env_kwargs = json.loads(re.search(r"^ENV_KWARGS='(.*)'$", text, re.MULTILINE).group(1))
     command = re.search(r"agentboost eval --env math (.*?)--model", text, re.DOTALL).group(1)
     options = dict(re.findall(r"(--?[a-z-]+) ([^\s\\-][^\s\\]*)", command))
+    # a shell variable takes the value of the full run: the first assignment of it in the script (the
+    # SMOKE=1 branch assigns it again later)
+    for option, value in options.items():
+        variable = re.fullmatch(r'"?\$(\w+)"?', value)
+        if variable is not None:
+            options[option] = re.search(rf"\b{variable.group(1)}=(\S+)", text).group(1)
     return env_kwargs, options
 
 
