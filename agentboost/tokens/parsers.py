@@ -175,10 +175,40 @@ class _TaggedParser:
         raise NotImplementedError
 
 
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of a tool call's JSON that is decoded. Deeper text is an ``invalid_json`` error the
+model reads: Python's decoder, and the SDK's copies of the arguments, recurse once per level, and a
+model can write a thousand ``[`` (a crash there would end the rollout before its turn is recorded)."""
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 class HermesParser(_TaggedParser):
     """Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
 
     def parse_body(self, body: str, tools: ToolSchemas) -> tuple[str, dict[str, Any]] | ParseError:
+        if json_depth(body) > MAX_JSON_DEPTH:
+            return ParseError("invalid_json", f"the call nests deeper than {MAX_JSON_DEPTH} levels.")
         try:
             payload = json.loads(body)
         except json.JSONDecodeError as error:
@@ -234,6 +264,8 @@ def _convert_parameter(value: str, schema: Mapping[str, Any]) -> Any:
         if value.strip() in {"null", "None"}:
             return None
         raise ValueError(f"expected null, got {value!r}")
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"expected JSON ({kind}) nested at most {MAX_JSON_DEPTH} levels deep")
     try:
         return json.loads(value)
     except json.JSONDecodeError:
