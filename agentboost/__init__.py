@@ -7,8 +7,9 @@ transformers or Strands until a name that needs them is touched).
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
+
+from agentboost.lazy_names import lazy_getattr
 
 try:
     __version__ = version("agentboost")
@@ -92,13 +93,7 @@ __all__ = [
 """The public names (each in :data:`_PUBLIC`, with its module)."""
 
 
-def __getattr__(name: str) -> object:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentboost' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_getattr(__name__, _PUBLIC, globals())
 
 
 def __dir__() -> list[str]:

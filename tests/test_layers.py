@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).parents[1] / "agentboost"
 
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"cli_args", "interrupts", "io_safety", "memory"},  # small utilities
+    {"cli_args", "interrupts", "io_safety", "lazy_names", "memory"},  # small utilities
     {"tokens", "sandbox"},
     {"models"},
     {"engines"},

@@ -9,7 +9,7 @@ and launchers).
 
 from __future__ import annotations
 
-import importlib
+from agentboost.lazy_names import lazy_getattr
 
 _PUBLIC: dict[str, str] = {
     # the protocol
@@ -50,13 +50,7 @@ __all__ = [
 """The public names (each in :data:`_PUBLIC`, with its module)."""
 
 
-def __getattr__(name: str) -> object:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentboost.engines' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_getattr(__name__, _PUBLIC, globals())
 
 
 def __dir__() -> list[str]:
