@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import copy
 import os
+import re
 import shutil
 import socket
 import sys
@@ -294,7 +295,7 @@ def test_tool_environments_run_multi_turn_across_nodes_with_sticky_replicas(
 ):
     serve_from(balancer, replicas, servers["policy"])
     gateway = {"command": [sys.executable, str(GATEWAY_AGENT)], "tasks_from": "arithmetic"}
-    rows = rows_of("arithmetic", 2) + rows_of("math", 1) + rows_of("gateway", 1, **gateway)
+    rows = rows_of("arithmetic", 2) + rows_of("math", 1, tool="calculator") + rows_of("gateway", 1, **gateway)
     cluster_output = manager.generate_sequences(make_batch(tmp_path, reference, trainer_config, rows))
     served = served_by(replicas, servers["policy"])
     local_batch = make_batch(tmp_path, reference, trainer_config, rows)
@@ -305,7 +306,11 @@ def test_tool_environments_run_multi_turn_across_nodes_with_sticky_replicas(
     assert [row["error"] for row in agentboost] == [None] * 4
     assert [row["termination"] for row in agentboost] == ["completed"] * 4
     assert cluster_output.non_tensor_batch["tool_calls"].tolist() == [1.0] * 4
-    assert agentboost[2]["reward"] == 1.0  # math: python printed 42 in the sandbox... on a worker node
+    for row in range(4):  # each tool ran where its rollout ran, and its result is in the response, masked
+        response = cluster_output.batch["responses"][row][cluster_output.batch["response_mask"][row] == 0]
+        text = reference.tokenizer.decode(response)
+        results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text)
+        assert results == ["42"], (row, results)
     assert assert_turns_stuck_to_one_replica(served) == 4  # each rollout's second turn
     assert all(served.values())
 
