@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import ray
 import torch
 from ray._private import ray_constants
@@ -57,6 +58,8 @@ from agentboost.envs.registry import make_environment
 from agentboost.integrations.verl import AGENT_LOOP_NAME, agent_loop_config_path
 from agentboost.integrations.verl.config import compose_trainer_config
 from agentboost.integrations.verl.data import task_rows, write_parquet_rows
+
+pytestmark = pytest.mark.slow  # two Ray nodes and two veRL worker actors: ~1-4 minutes with the load
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_LENGTH = 1024
@@ -94,6 +97,7 @@ def cluster():
         # Ray turns a 127.0.0.1 address into the machine's address unless it is told there is no network
         patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        before = {process.pid for process in psutil.Process().children(recursive=True)}
         nodes = Cluster(shutdown_at_exit=True)
         try:
             nodes.add_node(**loopback, gcs_server_port=free_port(), include_dashboard=False)
@@ -107,9 +111,13 @@ def cluster():
             )
             yield nodes, worker_node
         finally:
+            children = psutil.Process().children(recursive=True)
+            started = [process for process in children if process.pid not in before]  # nodes, Ray workers
             ray.shutdown()
             nodes.shutdown()
+            _, left = psutil.wait_procs(started, timeout=15)
             shutil.rmtree(temp_dir, ignore_errors=True)
+    assert left == [], f"Ray processes outlived the cluster: {left}"
 
 
 @pytest.fixture(scope="module")
