@@ -32,6 +32,8 @@ import importlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +59,9 @@ class MCPEpisode(Episode):
         super().__init__(task, sample)
         self.id = uuid.uuid4().hex
         self.connections: dict[str, EpisodeConnection] = {}
+        self.directory: str | None = None
+        """This episode's own directory (``{episode_dir}`` in a server's ``cwd`` or ``env``): made
+        before the servers start, removed after they stop; None when no server names it."""
 
     def server_of(self, tool: str, server: str | None = None) -> EpisodeConnection:
         """The connection that offers ``tool`` (on ``server`` when given)."""
@@ -145,8 +150,10 @@ class MCPEnvironment(Environment):
 
     async def connect(self, episode: MCPEpisode) -> None:
         """Open one connection per server (concurrently); on any failure close them all and raise."""
+        if any(spec.uses_episode_dir for spec in self.servers):
+            episode.directory = tempfile.mkdtemp(prefix=f"agentboost-mcp-{episode.id[:12]}-")
         for spec in self.servers:
-            episode.connections[spec.name] = EpisodeConnection(spec, episode.id, episode)
+            episode.connections[spec.name] = EpisodeConnection(spec, episode.id, episode, episode.directory)
         try:
             await asyncio.gather(*(connection.open() for connection in episode.connections.values()))
         except BaseException:
@@ -213,7 +220,11 @@ class MCPEnvironment(Environment):
 
 
 async def _close_all(episode: MCPEpisode) -> None:
+    """Close every connection (stdio servers end), then remove the episode's directory."""
     await asyncio.gather(*(connection.close() for connection in episode.connections.values()))
+    if episode.directory is not None:
+        shutil.rmtree(episode.directory, ignore_errors=True)
+        episode.directory = None
 
 
 def parse_reward(spec: Mapping[str, Any] | None) -> dict[str, Any]:
