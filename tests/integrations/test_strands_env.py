@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import tiny_qwen3
+from conftest import train_one_grpo_step
 from exactness_support import RecordingEngine
 
 pytest.importorskip("strands_env")
@@ -19,8 +19,6 @@ from agentboost.eval.evaluate import evaluate
 from agentboost.integrations.strands_env import TERMINATIONS
 from agentboost.rollout.results import read_results
 from agentboost.tokens.trajectory import TerminationReason
-from agentboost.train.config import config_from_dict
-from agentboost.train.trainer import Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -112,21 +110,6 @@ def test_eval_and_a_grpo_step_on_a_strands_env_environment(kwargs, qwen_tokenize
     )
     assert summary.completed == 2 and report["pass@k"]["1"] == 1.0
 
-    model_dir = tmp_path / "tiny"
-    tiny_qwen3(seed=0, hidden=64).save_pretrained(model_dir)
-    qwen_tokenizer.save_pretrained(model_dir)
-    config = config_from_dict(
-        {
-            "model": {"name_or_path": str(model_dir)},
-            "environment": {"name": CALCULATOR, "kwargs": kwargs, "train_tasks": 2},
-            "rollout": {"tasks_per_step": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 8},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 1, "save_final_model": False},
-            "logging": {"progress": False},
-            "steps": 1,
-            "output_dir": str(tmp_path / "run"),
-        }
-    )
-    assert Trainer(config).train().steps == 1
-    results = [r for path in (tmp_path / "run" / "rollouts").glob("*.jsonl") for r in read_results(path)]
+    rollouts = train_one_grpo_step(qwen_tokenizer, tmp_path, CALCULATOR, kwargs, train_tasks=2)
+    results = [r for path in rollouts.glob("*.jsonl") for r in read_results(path)]
     assert len(results) == 4 and {r.trajectory.info["environment"] for r in results} == {"strands-env"}
