@@ -78,25 +78,6 @@ def flood(size: int) -> str:
 
 
 @app.tool()
-def where() -> str:
-    """This server's working directory and its EPISODE variable, as JSON."""
-    import json
-
-    return json.dumps([os.getcwd(), os.environ.get("EPISODE")])
-
-
-@app.tool()
-def clip() -> list:
-    """Return a text part and an audio part."""
-    from mcp.types import AudioContent, TextContent
-
-    return [
-        TextContent(type="text", text="here it is"),
-        AudioContent(type="audio", data="AAAA", mime_type="audio/wav"),
-    ]
-
-
-@app.tool()
 def secret_reward() -> str:
     """A reward tool the agent must not see."""
     return '{"reward": 0.5, "breakdown": {"half": 0.5}}'

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mcp_support import FAULT_SERVER, free_port, stdio
+from mcp_support import HERE, free_port, stdio
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.mcp.servers import ServerSpec, omitted_content_note
@@ -24,12 +24,17 @@ from agentboost.envs.task import Task
 from agentboost.errors import ConfigError
 from agentboost.tokens.trajectory import TerminationReason
 
+EPISODE_SERVER = HERE / "episode_server.py"
+
 pytestmark = pytest.mark.filterwarnings("ignore:coroutine .MCPClient.stop:RuntimeWarning")
 
 NPM_SERVERS = (
     "@modelcontextprotocol/server-memory@2026.8.31",
     "@modelcontextprotocol/server-everything@2026.8.31",
 )
+
+NPM_FLAGS = ("--no-audit", "--no-fund", "--fetch-retries=1", "--fetch-timeout=30000")
+"""A registry that does not answer makes the install fail (and the tests skip) within about a minute."""
 
 
 def call(name: str, **arguments) -> str:
@@ -46,7 +51,7 @@ def npm_bin() -> Path:
     if not (binaries / "mcp-server-memory").exists() or not (binaries / "mcp-server-everything").exists():
         prefix.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix), *NPM_SERVERS],
+            ["npm", "install", *NPM_FLAGS, "--prefix", str(prefix), *NPM_SERVERS],
             capture_output=True,
             text=True,
             timeout=300,
@@ -147,8 +152,8 @@ def test_episode_placeholders_fill_env_and_cwd_and_typos_are_refused(say, qwen_t
     env = make_environment(
         "mcp",
         {
-            "servers": [stdio(FAULT_SERVER, cwd="{episode_dir}", env={"EPISODE": "{episode_id}"})],
-            "reward": {"tool": "secret_reward"},
+            "servers": [stdio(EPISODE_SERVER, cwd="{episode_dir}", env={"EPISODE": "{episode_id}"})],
+            "reward": {"tool": "reward"},
             "template": "qwen3",
         },
     )
@@ -189,7 +194,7 @@ def test_resource_links_and_binary_resources_are_named_for_the_model(npm_bin, sa
 
 def test_audio_and_unknown_parts_are_named(say, qwen_tokenizer):
     env = make_environment(
-        "mcp", {"servers": [stdio(FAULT_SERVER)], "reward": {"tool": "secret_reward"}, "template": "qwen3"}
+        "mcp", {"servers": [stdio(EPISODE_SERVER)], "reward": {"tool": "reward"}, "template": "qwen3"}
     )
     (result,) = run(env, [say(call("clip")), say("ok")], qwen_tokenizer, [Task("c", "clip")])
     assert tool_texts(result) == [
