@@ -147,3 +147,28 @@ def memorize(trajectory, directory: Path) -> Path:
     model.eval()
     model.save_pretrained(directory)
     return directory
+
+
+def train_one_grpo_step(qwen_tokenizer, tmp_path, environment: str, kwargs: dict, train_tasks: int) -> Path:
+    """One GRPO step of the local trainer on a tiny Qwen3 (2 tasks x 2 samples, 8 new tokens a turn);
+    returns the run's rollouts folder."""
+    from agentboost.train.config import config_from_dict
+    from agentboost.train.trainer import Trainer
+
+    model_dir = tmp_path / "tiny"
+    tiny_qwen3(seed=0, hidden=64).save_pretrained(model_dir)
+    qwen_tokenizer.save_pretrained(model_dir)
+    config = config_from_dict(
+        {
+            "model": {"name_or_path": str(model_dir)},
+            "environment": {"name": environment, "kwargs": kwargs, "train_tasks": train_tasks},
+            "rollout": {"tasks_per_step": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 8},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 1, "save_final_model": False},
+            "logging": {"progress": False},
+            "steps": 1,
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    assert Trainer(config).train().steps == 1
+    return tmp_path / "run" / "rollouts"

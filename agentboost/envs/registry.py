@@ -27,6 +27,26 @@ _REGISTRY: dict[str, str] = {
 }
 
 
+_ADAPTERS: dict[str, tuple[str, str]] = {
+    "strands-env": ("agentboost.integrations.strands_env:StrandsEnvEnvironment", "environment"),
+}
+"""``KIND:REST`` references: the adapter class that runs an outside environment catalog's environment,
+and the keyword argument that receives ``REST`` (e.g. ``strands-env:package.module:Class``)."""
+
+
+def _adapter(reference: str) -> tuple[str, dict[str, str]]:
+    """The class reference and extra keyword arguments an adapter reference means (``{}`` otherwise)."""
+    kind, _, rest = reference.partition(":")
+    if kind in _ADAPTERS:
+        target, argument = _ADAPTERS[kind]
+        if not rest:
+            raise ConfigError(
+                f"{kind!r} needs what to run after the colon, e.g. '{kind}:package.module:Class'"
+            )
+        return target, {argument: rest}
+    return _REGISTRY.get(reference, reference), {}
+
+
 def register_environment(name: str, reference: str) -> None:
     """Make ``name`` mean ``reference`` (``module:Class``) in this process."""
     _REGISTRY[name] = reference
@@ -69,12 +89,13 @@ def environment_class_named(name: str) -> type[Environment] | None:
 
 def environment_class(reference: str) -> type[Environment]:
     """The Environment subclass a registered name or ``module:Class`` reference names."""
-    target = _REGISTRY.get(reference, reference)
+    target, _ = _adapter(reference)
     module_name, _, attribute = target.partition(":")
     if not attribute:
         raise ConfigError(
-            f"unknown environment {reference!r}; use one of {', '.join(environment_names())} "
-            "or an import reference such as 'my_package.envs:MyEnvironment'"
+            f"unknown environment {reference!r}; use one of {', '.join(environment_names())}, "
+            "an import reference such as 'my_package.envs:MyEnvironment', or an adapter: "
+            f"{', '.join(kind + ':...' for kind in _ADAPTERS)}"
         )
     if os.getcwd() not in sys.path:  # as `python -m` does: my_package/ in the working directory imports
         sys.path.append(os.getcwd())
@@ -90,9 +111,9 @@ def environment_class(reference: str) -> type[Environment]:
 def make_environment(reference: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
     """Build an environment from a registered name or ``module:Class`` reference."""
     cls = environment_class(reference)
-    target = _REGISTRY.get(reference, reference)
+    target, adapted = _adapter(reference)
     try:
-        return cls(**dict(kwargs or {}))
+        return cls(**{**dict(kwargs or {}), **adapted})
     except TypeError as error:
         raise ConfigError(f"cannot build {target!r} with {dict(kwargs or {})}: {error}") from error
     except AgentBoostError:

@@ -32,8 +32,10 @@ import importlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,9 @@ class MCPEpisode(Episode):
         super().__init__(task, sample)
         self.id = uuid.uuid4().hex
         self.connections: dict[str, EpisodeConnection] = {}
+        self.directory: str | None = None
+        """This episode's own directory (``{episode_dir}`` in a server's ``cwd`` or ``env``): made
+        before the servers start, removed after they stop; None when no server names it."""
 
     def server_of(self, tool: str, server: str | None = None) -> EpisodeConnection:
         """The connection that offers ``tool`` (on ``server`` when given)."""
@@ -145,8 +150,10 @@ class MCPEnvironment(Environment):
 
     async def connect(self, episode: MCPEpisode) -> None:
         """Open one connection per server (concurrently); on any failure close them all and raise."""
+        if any(spec.uses_episode_dir for spec in self.servers):
+            episode.directory = tempfile.mkdtemp(prefix=f"agentboost-mcp-{episode.id[:12]}-")
         for spec in self.servers:
-            episode.connections[spec.name] = EpisodeConnection(spec, episode.id, episode)
+            episode.connections[spec.name] = EpisodeConnection(spec, episode.id, episode, episode.directory)
         try:
             await asyncio.gather(*(connection.open() for connection in episode.connections.values()))
         except BaseException:
@@ -213,7 +220,11 @@ class MCPEnvironment(Environment):
 
 
 async def _close_all(episode: MCPEpisode) -> None:
+    """Close every connection (stdio servers end), then remove the episode's directory."""
     await asyncio.gather(*(connection.close() for connection in episode.connections.values()))
+    if episode.directory is not None:
+        shutil.rmtree(episode.directory, ignore_errors=True)
+        episode.directory = None
 
 
 def parse_reward(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -289,23 +300,30 @@ async def _endpoint_reward(
 
 
 def split_tasks(
-    files: str | Mapping[str, str] | None, cache: dict[str, list[Task]], split: str
+    files: str | Mapping[str, str] | None,
+    cache: dict[str, list[Task]],
+    split: str,
+    parse_row: Callable[[Any], Task] = Task.from_dict,
 ) -> list[Task]:
-    """The tasks of ``split`` from ``files`` (one file for every split, or a file per split), read once."""
+    """The tasks of ``split`` from ``files`` (one file for every split, or a file per split), read once;
+    ``parse_row`` turns one JSON row into a Task (ConfigError for a bad row)."""
     if files is None:
         raise ConfigError("this environment has no tasks: pass 'tasks' (a JSONL file of task objects)")
     if split not in cache:
         if isinstance(files, Mapping):
             if split not in files:
                 raise ConfigError(f"no {split!r} split in 'tasks'; it has {', '.join(files)}")
-            cache[split] = read_task_file(files[split])
+            cache[split] = read_task_file(files[split], parse_row)
         else:
-            cache[split] = read_task_file(files)
+            cache[split] = read_task_file(files, parse_row)
     return cache[split]
 
 
-def read_task_file(path: str | os.PathLike[str]) -> list[Task]:
-    """Tasks from a JSONL file of task objects (``{"id", "prompt", "ground_truth"?, "metadata"?}``)."""
+def read_task_file(
+    path: str | os.PathLike[str], parse_row: Callable[[Any], Task] = Task.from_dict
+) -> list[Task]:
+    """Tasks from a JSONL file of task objects (``{"id", "prompt", "ground_truth"?, "metadata"?}``, or
+    what ``parse_row`` reads)."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"task file {file} does not exist; write one JSON task object per line")
@@ -314,7 +332,7 @@ def read_task_file(path: str | os.PathLike[str]) -> list[Task]:
         if not line.strip():
             continue
         try:
-            task = Task.from_dict(json.loads(line))
+            task = parse_row(json.loads(line))
         except (json.JSONDecodeError, ConfigError) as error:
             raise ConfigError(f"{file}:{number}: {error}") from error
         if task.id in ids:

@@ -22,8 +22,9 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -43,6 +44,9 @@ EPISODE_META_KEY = "agentboost/episode"
 """``_meta`` key of every tool call: the episode's id (a server keeps per-episode state under it)."""
 EPISODE_HEADER = "Agentboost-Episode"
 """HTTP header with the episode's id (streamable HTTP servers only)."""
+EPISODE_PLACEHOLDERS = ("{episode_dir}", "{episode_id}")
+"""What a stdio server's ``cwd`` and ``env`` values may name: the episode's own fresh directory (made
+before its servers start, removed after they stop) and its id."""
 
 _CONNECTION_CLOSED = -32000  # JSON-RPC codes the mcp SDK uses (mcp_types.jsonrpc)
 _REQUEST_TIMEOUT = -32001
@@ -60,8 +64,10 @@ class ServerSpec:
     command: tuple[str, ...] | None = None
     url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment variables of a stdio server (added to the minimal default environment)."""
+    """Extra environment variables of a stdio server (added to the minimal default environment); values
+    may name :data:`EPISODE_PLACEHOLDERS`."""
     cwd: str | None = None
+    """A stdio server's working directory; may name :data:`EPISODE_PLACEHOLDERS`."""
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 30.0
     """Longest a tool call may take; a slower call is answered with an error tool result."""
@@ -95,6 +101,20 @@ class ServerSpec:
             command = tuple(command)
         if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
             raise ConfigError(f"MCP server {name!r}: 'url' must start with http:// or https://, got {url!r}")
+        env, cwd = data.get("env") or {}, data.get("cwd")
+        if not isinstance(env, Mapping) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in env.items()
+        ):
+            raise ConfigError(f"MCP server {name!r}: 'env' must map names to strings, got {env!r}")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ConfigError(f"MCP server {name!r}: 'cwd' must be a path string, got {cwd!r}")
+        for text in (cwd or "", *env.values()):
+            for placeholder in re.findall(r"\{episode_\w*\}", text):
+                if placeholder not in EPISODE_PLACEHOLDERS:
+                    raise ConfigError(
+                        f"MCP server {name!r}: unknown placeholder {placeholder} in {text!r}; "
+                        f"known: {', '.join(EPISODE_PLACEHOLDERS)}"
+                    )
         for key in ("timeout_s", "startup_timeout_s", "max_result_chars"):
             value = data.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
@@ -103,16 +123,31 @@ class ServerSpec:
             name=name,
             command=command,
             url=url,
-            env=dict(data.get("env") or {}),
-            cwd=data.get("cwd"),
+            env=dict(env),
+            cwd=cwd,
             headers=dict(data.get("headers") or {}),
             timeout_s=float(data.get("timeout_s", cls.timeout_s)),
             startup_timeout_s=int(data.get("startup_timeout_s", cls.startup_timeout_s)),
             max_result_chars=int(data.get("max_result_chars", cls.max_result_chars)),
         )
 
-    def client(self, episode_id: str) -> _RecordingClient:
-        """A new (not yet started) Strands MCP client for one episode."""
+    @property
+    def uses_episode_dir(self) -> bool:
+        """Whether this server's ``cwd`` or ``env`` names ``{episode_dir}`` (the episode needs one)."""
+        return any("{episode_dir}" in text for text in (self.cwd or "", *self.env.values()))
+
+    def client(self, episode_id: str, episode_dir: str | None = None) -> _RecordingClient:
+        """A new (not yet started) Strands MCP client for one episode (``episode_dir`` fills the
+        ``{episode_dir}`` placeholder; it must be given when the spec names it)."""
+        if self.uses_episode_dir and episode_dir is None:
+            raise ConfigError(f"MCP server {self.name!r} names {{episode_dir}}: give the episode a directory")
+        values = {"{episode_id}": episode_id, "{episode_dir}": episode_dir or ""}
+
+        def fill(text: str) -> str:
+            for placeholder, value in values.items():
+                text = text.replace(placeholder, value)
+            return text
+
         meta = {EPISODE_META_KEY: episode_id}
         if self.url is not None:
             headers = {**self.headers, EPISODE_HEADER: episode_id}
@@ -126,8 +161,8 @@ class ServerSpec:
         parameters = StdioServerParameters(
             command=self.command[0],
             args=list(self.command[1:]),
-            env={**_inherited_environment(), **self.env},
-            cwd=self.cwd,
+            env={**_inherited_environment(), **{key: fill(value) for key, value in self.env.items()}},
+            cwd=fill(self.cwd) if self.cwd is not None else None,
         )
         return _RecordingClient(
             lambda: stdio_client(parameters), startup_timeout=self.startup_timeout_s, meta=meta
@@ -160,6 +195,54 @@ class _RecordingClient(MCPClient):
         self.failures[tool_use_id] = exception
         return super()._handle_tool_execution_error(tool_use_id, exception)
 
+    def map_mcp_content_to_tool_result_content(self, content: Any) -> Any:
+        """Strands' mapping, except that a part it would drop (a resource link, audio, a binary
+        resource, a kind newer than this SDK) becomes a text naming it, so the model knows it was there."""
+        mapped = super().map_mcp_content_to_tool_result_content(content)
+        return mapped if mapped is not None else {"text": omitted_content_note(content)}
+
+
+def omitted_content_note(content: Any) -> str:
+    """The text that stands for an MCP content part the model cannot read (only text reaches it)."""
+    kind = getattr(content, "type", None) or type(content).__name__
+    if kind == "resource_link":
+        title = getattr(content, "title", None) or getattr(content, "name", "")
+        uri = getattr(content, "uri", "")
+        return f"[resource_link {title!r} ({uri}) omitted: only text reaches the model]"
+    if kind == "resource":
+        resource = getattr(content, "resource", None)
+        mime = getattr(resource, "mime_type", None) or "unknown type"
+        return f"[resource {getattr(resource, 'uri', '')} ({mime}) omitted: only text reaches the model]"
+    mime = getattr(content, "mime_type", None)
+    return f"[{kind} content{f' ({mime})' if mime else ''} omitted: only text reaches the model]"
+
+
+def _exception_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, its causes and contexts, and the members of every exception group among them (depth
+    first: anyio and Strands wrap the real cause in groups and cancellations)."""
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        following = current.__cause__ or current.__context__
+        if following is not None:
+            pending.append(following)
+        members = getattr(current, "exceptions", None)  # an exception group (Python 3.11+, or its backport)
+        if isinstance(members, tuple):
+            pending.extend(reversed(members))
+
+
+_CONNECTION_ERRORS = (
+    "ClosedResourceError",
+    "BrokenResourceError",
+    "EndOfStream",
+    "ConnectError",
+    "ReadError",
+)
+
 
 def _is_connection_lost(error: BaseException) -> bool:
     """The server is gone (its process died, the connection closed or was refused): not the model's doing."""
@@ -168,18 +251,13 @@ def _is_connection_lost(error: BaseException) -> bool:
         return True
     if code is not None:
         return False
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = type(current).__name__
-        if name in ("ClosedResourceError", "BrokenResourceError", "EndOfStream", "ConnectError", "ReadError"):
+    for current in _exception_chain(error):
+        if type(current).__name__ in _CONNECTION_ERRORS:
             return True
         if isinstance(current, RuntimeError) and "closed" in str(current).lower():
             return True
         if isinstance(current, MCPClientInitializationError):
             return True
-        current = current.__cause__ or current.__context__
     return False
 
 
@@ -223,11 +301,13 @@ class EpisodeTool(MCPAgentTool):
 class EpisodeConnection:
     """One episode's live connection to one MCP server (opened by :meth:`open`, closed by :meth:`close`)."""
 
-    def __init__(self, spec: ServerSpec, episode_id: str, episode: Any = None) -> None:
+    def __init__(
+        self, spec: ServerSpec, episode_id: str, episode: Any = None, episode_dir: str | None = None
+    ) -> None:
         self.spec = spec
         self.episode_id = episode_id
         self.episode = episode
-        self.client = spec.client(episode_id)
+        self.client = spec.client(episode_id, episode_dir)
         self.mcp_tools: dict[str, Any] = {}
         self._started = False
 
@@ -352,10 +432,17 @@ class EpisodeConnection:
         return text
 
 
+_NOISE = ("WouldBlock", "CancelledError")
+"""Exceptions anyio raises while unwinding a failure: never the cause a person should read."""
+
+
 def _root_message(error: BaseException) -> str:
-    """The innermost useful message of an exception chain (Strands and anyio wrap the real cause)."""
-    current, seen = error, set()
-    while (current.__cause__ or current.__context__) is not None and id(current) not in seen:
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__  # type: ignore[assignment]
-    return f"{type(current).__name__}: {current}" if str(current) else type(current).__name__
+    """The message of the exception that caused ``error`` (Strands and anyio wrap the real cause in
+    groups and cancellations): a failed connection is named as one, else the innermost exception."""
+    chain = [current for current in _exception_chain(error) if type(current).__name__ not in _NOISE]
+    for current in chain:
+        name = type(current).__name__
+        if name in ("ConnectError", "ConnectTimeout") or isinstance(current, ConnectionError):
+            return f"connection failed ({name}: {current})"
+    innermost = chain[-1] if chain else error
+    return f"{type(innermost).__name__}: {innermost}" if str(innermost) else type(innermost).__name__

@@ -81,3 +81,8 @@ def descendants() -> set[int]:
 async def counter_reward(trajectory, episode) -> float:
     """A Python reward that reads the server's state through a tool call of its own."""
     return float(await episode.call_tool("bump"))
+
+
+def constant_reward(trajectory, episode) -> float:
+    """A Python reward for servers that have no reward tool of their own."""
+    return 0.0
