@@ -270,7 +270,9 @@ def test_version(tmp_path):
 # --- engines and models -----------------------------------------------------------------------------
 
 
-def test_a_closed_port_fails_at_once_naming_the_url(tokenizer_dir, tmp_path):
+def test_a_closed_port_is_waited_for_then_fails_naming_the_url_and_the_fix(tokenizer_dir, tmp_path):
+    """A server still starting refuses connections: the run waits --server-down-timeout seconds for it,
+    saying so, then stops in one line."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -283,11 +285,16 @@ def test_a_closed_port_fails_at_once_naming_the_url(tokenizer_dir, tmp_path):
         url,
         "--model",
         tokenizer_dir,
+        "--server-down-timeout",
+        "1",
         "--out",
         tmp_path / "r.jsonl",
         cwd=tmp_path,
     )
-    assert f"cannot reach the sglang server at {url}" in one_error(result)
+    error = one_error(result)
+    assert f"the sglang server at {url} cannot be reached (Connection refused) after waiting 1 s" in error
+    assert "start it or fix --url" in error and "--server-down-timeout SECONDS" in error
+    assert f"agentboost: waiting for the engine at {url} (cannot be reached" in result.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
 

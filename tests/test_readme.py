@@ -2,16 +2,21 @@
 
 The commands are read from README.md itself (so an edit there is what runs here), sized down (fewer
 tasks, samples, turns and tokens), and run with the real default model (SmolLM2-135M-Instruct from
-the local cache). Each must exit 0 and produce what the README says; no two collide on a file.
-Skipped: the pip lines, the coding and tau2 rollouts (their own tests cover them) and the trainers.
+the local cache). Each example's quick start runs at its own smoke size, as written
+(`SMOKE=1 bash examples/X/train.sh`: rollouts, a training step, evaluations, the final model written)
+in the same directory, which holds a copy of `examples/` as a fresh clone does. Each must exit 0 and
+produce what the README says; no two collide on a file. Skipped: the pip lines, the coding and tau2
+rollouts (their own tests cover them), the full-size trainers and the vLLM server.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -27,13 +32,22 @@ SMALL = {"-n": "1", "--samples": "2"}
 """What each count is cut to."""
 SHORT = ["--max-turns", "2", "--max-new-tokens", "24"]
 """Added to every rollout and eval: a few tokens per turn are enough to check the plumbing."""
+VERL_PYTHON = os.environ.get("AGENTBOOST_VERL_PYTHON")
+"""The python of veRL's own virtual environment (the README's `.venv-verl`), where CI keeps veRL."""
+EXAMPLES = ("math", "deepcoder", "tau2", "gateway", "mcp")
+"""The examples whose quick start is a `SMOKE=1 bash examples/X/train.sh` line."""
 
 
 def readme_commands() -> list[list[str]]:
-    """Every indented command line that runs agentboost (or the veRL dry run), in README order."""
+    """Every indented command line that runs agentboost, the veRL dry run or an example's smoke size, in
+    README order. A smoke line is kept whole (`python examples/X/prepare_data.py && SMOKE=1 bash ...`)."""
     commands = []
     for line in README.splitlines():
         if not line.startswith("    ") or line.startswith("     "):
+            continue
+        whole = shlex.split(line.strip(), comments=True)
+        if "SMOKE=1" in whole:
+            commands.append(whole)
             continue
         text = line.strip().split("&&")[-1].strip()  # `pip install ... && agentboost rollout -n 4`
         words = shlex.split(text, comments=True)
@@ -42,7 +56,13 @@ def readme_commands() -> list[list[str]]:
     return commands
 
 
+def is_smoke(words: list[str]) -> bool:
+    return "SMOKE=1" in words
+
+
 def sized_down(words: list[str]) -> list[str]:
+    if is_smoke(words):  # the example's own smoke size, as written
+        return words
     out = list(words)
     for index, word in enumerate(out[:-1]):
         if word in SMALL and not (word == "-n" and "Capitals" in " ".join(out)):
@@ -57,8 +77,14 @@ def run(words: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
     # HOME is a fresh folder (to see what the commands write there); the caches stay where they are
     env["AGENTBOOST_HOME"] = os.environ.get("AGENTBOOST_HOME", str(Path.home() / ".cache" / "agentboost"))
     env["HF_HOME"] = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
-    if words[0] == "DRY_RUN=1":
+    # the scripts' `agentboost` and `python` are this interpreter's
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    if is_smoke(words):  # the line as written, `&&` and all, in the clone-like working directory
+        command = ["bash", "-c", shlex.join(words).replace("'&&'", "&&")]
+    elif words[0] == "DRY_RUN=1":
         env.update(DRY_RUN="1", TRAIN_TASKS="8", VAL_TASKS="4")
+        if VERL_PYTHON:  # the README runs this line in veRL's own virtual environment (activated)
+            env["PATH"] = f"{Path(VERL_PYTHON).parent}{os.pathsep}{env['PATH']}"
         command = ["bash", str(ROOT / words[2]), *words[3:]]
     else:
         command = [sys.executable, "-m", "agentboost.cli", *words[1:]]
@@ -80,6 +106,26 @@ def test_the_readme_lists_the_quick_starts_this_test_runs():
         assert any(command.startswith(expected) for command in commands), expected
     outs = [words[words.index("--out") + 1] for words in readme_commands() if "--out" in words]
     assert len(outs) == len(set(outs)), f"two quick starts write the same file: {outs}"
+    smokes = [" ".join(words) for words in readme_commands() if is_smoke(words)]
+    for example in EXAMPLES:
+        assert any(f"SMOKE=1 bash examples/{example}/train.sh" in command for command in smokes), example
+
+
+def check_smoke(words: list[str], work: Path, before: set[Path]) -> None:
+    """A smoke run trained and evaluated end to end: every training run it made under runs/smoke/ has its
+    metrics, its evaluations and its final model."""
+    smoke = work / "runs" / "smoke"
+    trained = {config.parent for config in smoke.glob("*/config.json")} - before
+    assert trained, f"{' '.join(words)} made no training run under runs/smoke/"
+    for run_dir in trained:
+        assert (run_dir / "metrics.jsonl").read_text().strip(), run_dir
+        assert any((run_dir / "evals").iterdir()), f"{run_dir} has no evaluation"
+        assert (run_dir / "final" / "config.json").exists(), f"{run_dir} wrote no final model"
+    if "examples/math/train.sh" in words:  # its last stage: `agentboost eval` of the three models
+        for name in ("base", "warmup", "final"):
+            assert json.loads((smoke / "math-eval" / f"{name}.json").read_text())["rollouts"] == 2
+    if "examples/mcp/train.sh" in words:  # the rollouts over stdio and over streamable HTTP
+        assert read_results(smoke / "mcp-stdio.jsonl") and read_results(smoke / "mcp-http.jsonl")
 
 
 def test_no_two_readme_commands_write_the_same_file():
@@ -96,21 +142,24 @@ def test_no_two_readme_commands_write_the_same_file():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # about ten model-loading commands: minutes on a busy 2-core machine
+@pytest.mark.timeout(3600)  # ten model-loading commands and five smoke runs: ~10 min on 2 idle cores
 def test_the_quick_starts_run_in_the_order_written(tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
     home.mkdir()
+    shutil.copytree(ROOT / "examples", work / "examples")  # what a clone holds beside the package
     code = re.search(r"```python\n(.*?)```", README, re.DOTALL).group(1)
     (work / "my_package").mkdir()
     (work / "my_package" / "__init__.py").write_text("")
     (work / "my_package" / "envs.py").write_text(code)
     # their own quick starts need more than a CPU minute or a separate server (tested elsewhere)
     skipped = ("--env coding", "--env tau2", "serve-vllm", "--engine vllm")
+    if not VERL_PYTHON and importlib.util.find_spec("verl") is None:  # veRL lives in its own venv
+        skipped += ("train_verl.sh",)
     for words in readme_commands():
         if any(part in " ".join(words) for part in skipped):
             continue
         command = sized_down(words)
+        before = {config.parent for config in (work / "runs" / "smoke").glob("*/config.json")}
         started = time.monotonic()
         done = run(command, work, home)
         print(f"{time.monotonic() - started:6.1f} s  {' '.join(command)}")
@@ -118,6 +167,9 @@ def test_the_quick_starts_run_in_the_order_written(tmp_path):
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
         assert "Loading weights" not in done.stderr
         joined = " ".join(command)
+        if is_smoke(command):
+            check_smoke(command, work, before)
+            continue
         if joined.startswith("agentboost rollout -n"):
             assert "mean reward" in done.stdout and (work / "runs" / "rollouts.jsonl").exists()
         if "Capitals" in joined:  # the first example users copy shows a reward that moves

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentboost.engines.base import Engine, check_engine
@@ -44,47 +45,76 @@ def make_engine(
     return check_engine(VLLMEngine(list(urls), **options))
 
 
-async def check_servers(kind: str, urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
-    """Ask each remote server's ``GET /health`` once, before a run, so a wrong ``--url`` fails in seconds.
+async def check_servers(
+    kind: str,
+    urls: Sequence[str],
+    *,
+    timeout_s: float = 3.0,
+    wait_s: float = 0.0,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Ask each remote server's ``GET /health`` before a run, so a wrong ``--url`` fails in one line.
 
-    Raises :class:`~agentboost.errors.EngineConnectionError` naming the URL when a server cannot be
-    reached, does not answer within ``timeout_s``, or answers with HTTP 5xx. A server without a
-    ``/health`` route (HTTP 404) counts as reachable.
+    A server that is still starting (connection refused, no answer within ``timeout_s``, or HTTP 5xx
+    while it loads its model) is asked again every second for up to ``wait_s`` seconds, and ``say``
+    (default: standard error) hears "waiting for the engine at URL ..." every 10 s meanwhile. Then
+    :class:`~agentboost.errors.ServersDownError` names the URL, what it answered last and the fix. A
+    server without a ``/health`` route (HTTP 404) counts as reachable.
     """
     import asyncio
+    import time
 
     import aiohttp
 
     from agentboost.engines.remote.transport import normalize_urls
-    from agentboost.errors import EngineConnectionError
+    from agentboost.errors import ServersDownError
 
+    tell = say or (lambda line: print(f"agentboost: {line}", file=sys.stderr, flush=True))
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for url in normalize_urls(list(urls)):
-            advice = f"start the {kind} server or fix --url"
-            try:
-                async with session.get(f"{url}/health") as response:
-                    status = response.status
-            except asyncio.TimeoutError as error:
-                raise EngineConnectionError(
-                    f"the {kind} server at {url} did not answer GET /health within {timeout_s:g} s; {advice}",
-                    url=url,
-                    attempts=1,
-                ) from error
-            except (aiohttp.ClientError, OSError) as error:
-                cause = getattr(error, "os_error", error)
-                reason = os.strerror(cause.errno) if getattr(cause, "errno", None) else str(error)
-                raise EngineConnectionError(
-                    f"cannot reach the {kind} server at {url} ({reason}); {advice}", url=url, attempts=1
-                ) from error
-            if status >= 500:
-                raise EngineConnectionError(
-                    f"the {kind} server at {url} is not healthy (GET /health answered HTTP {status}); "
-                    "wait until it has loaded its model, or check its log",
-                    url=url,
-                    status=status,
-                    attempts=1,
-                )
+            started = time.monotonic()
+            told = -_WAIT_NOTICE_S
+            while (problem := await _health(session, url, timeout_s)) is not None:
+                waited = time.monotonic() - started
+                if waited >= wait_s:
+                    start = " (agentboost serve-vllm --port PORT)" if kind == "vllm" else ""
+                    longer = f" after waiting {waited:.0f} s" if wait_s else ""
+                    raise ServersDownError(
+                        f"the {kind} server at {url} {problem}{longer}; start it{start} or fix --url, "
+                        "and give a server that takes minutes to load more time with --server-down-timeout "
+                        "SECONDS",
+                        url=url,
+                        attempts=1,
+                    )
+                if waited - told >= _WAIT_NOTICE_S:
+                    told = waited
+                    tell(f"waiting for the engine at {url} ({problem}; {waited:.0f} s of {wait_s:g} s)")
+                await asyncio.sleep(min(1.0, max(0.0, wait_s - waited)))
+
+
+_WAIT_NOTICE_S = 10.0
+"""Seconds between two "waiting for the engine" lines while a server starts."""
+
+
+async def _health(session: Any, url: str, timeout_s: float) -> str | None:
+    """Why the server at ``url`` is not ready (in words), or None when ``GET /health`` says it is."""
+    import asyncio
+
+    import aiohttp
+
+    try:
+        async with session.get(f"{url}/health") as response:
+            status = response.status
+    except asyncio.TimeoutError:
+        return f"did not answer GET /health within {timeout_s:g} s"
+    except (aiohttp.ClientError, OSError) as error:
+        cause = getattr(error, "os_error", error)
+        reason = os.strerror(cause.errno) if getattr(cause, "errno", None) else str(error)
+        return f"cannot be reached ({reason})"
+    if status >= 500:
+        return f"is not ready (GET /health answered HTTP {status}: still loading its model, or failing)"
+    return None
 
 
 async def check_engine_args(
@@ -109,7 +139,11 @@ async def check_engine_args(
             raise ConfigError("--url is for remote engines; drop it or pass --engine sglang / vllm")
         return []
     engine = make_engine(kind, model=model, urls=urls or (), **(options or {}))  # validates --engine / --url
-    await check_servers(kind, urls or ())
+    # a server still starting is waited for as long as a run lets its servers stay down
+    from agentboost.engines.remote.transport import RetryPolicy
+
+    wait_s = (options or {}).get("down_budget_s")
+    await check_servers(kind, urls or (), wait_s=RetryPolicy().down_budget_s if wait_s is None else wait_s)
     try:
         await engine.fetch_model_info()  # type: ignore[attr-defined]
         if sampling is not None:

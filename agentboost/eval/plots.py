@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import ConfigError
@@ -47,7 +48,7 @@ def plot_results(
             for step, results in sorted(groups)
             if (rewards := [r.reward for r in results if r.reward is not None])
         ]
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+        draw_reward_curve(axes, [p[0] for p in points], [p[1] for p in points])
         axes.set_xlabel("step")
         axes.set_ylabel("mean reward (scored rollouts)")
         axes.set_title("Reward by step")
@@ -57,16 +58,10 @@ def plot_results(
         for index, reward in enumerate(rewards, start=1):
             total += reward
             running.append(total / index)
-        axes.plot(range(1, len(running) + 1), running)
+        draw_reward_curve(axes, list(range(1, len(running) + 1)), running)
         axes.set_xlabel("rollout (file order, scored only)")
         axes.set_ylabel("running mean reward")
         axes.set_title("Reward over rollouts")
-        points = running
-    values = [p[1] for p in points] if len(groups) > 1 else points
-    if values:  # the whole reward range, not a +-0.04 zoom on a flat line
-        axes.set_ylim(min(0.0, min(values)) - 0.05, max(1.0, max(values)) + 0.05)
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and rollouts are counts
-    axes.grid(alpha=0.3)
     written.append(_save(figure, out / "reward_by_step.png"))
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
@@ -89,6 +84,20 @@ def plot_results(
     axes.set_title("Termination reasons")
     written.append(_save(figure, out / "terminations.png"))
     return written
+
+
+def draw_reward_curve(axes: Any, xs: Sequence[int], ys: Sequence[float]) -> None:
+    """A reward curve on whole-number x (steps, rollouts) over the whole reward range: a single point is
+    drawn as a marker centred on an axis one unit either side, not on matplotlib's +-0.04 around it."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.plot(xs, ys, marker="o" if len(xs) <= 20 else None)
+    if ys:  # the whole reward range, not a +-0.04 zoom on a flat line
+        axes.set_ylim(min(0.0, min(ys)) - 0.05, max(1.0, max(ys)) + 0.05)
+    if xs and min(xs) == max(xs):
+        axes.set_xlim(xs[0] - 1, xs[0] + 1)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and rollouts are counts
+    axes.grid(alpha=0.3)
 
 
 def _save(figure, path: Path) -> Path:

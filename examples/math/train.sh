@@ -15,9 +15,9 @@ cd "$(dirname "$0")/../.."
 ENV_KWARGS='{"generators": "products", "config": {"min_digits": 3, "max_digits": 3}, "tool": "calculator"}'
 RUNS=runs EVAL_TASKS=64 DEMONSTRATIONS=256 SFT_SMOKE=() GRPO_SMOKE=()
 if [[ "${SMOKE:-0}" == 1 ]]; then  # the same stages and commands, a few rollouts each
-    RUNS=runs/smoke EVAL_TASKS=4 DEMONSTRATIONS=16
-    SFT_SMOKE=(steps=1 batch_size=4 eval.tasks=4 eval.every=1 eval.concurrency=4)
-    GRPO_SMOKE=(steps=1 rollout.tasks_per_step=2 rollout.group_size=2 rollout.concurrency=4 eval.tasks=4
+    RUNS=runs/smoke EVAL_TASKS=2 DEMONSTRATIONS=8
+    SFT_SMOKE=(steps=1 batch_size=4 eval.tasks=2 eval.every=1 eval.concurrency=2)
+    GRPO_SMOKE=(steps=1 rollout.tasks_per_step=2 rollout.group_size=2 rollout.concurrency=4 eval.tasks=2
         eval.every=1 checkpoint.every=1 model.name_or_path=$RUNS/math-sft/final)
 fi
 

@@ -17,10 +17,10 @@ ENV_KWARGS='{"servers": ['"$STDIO"'], "tasks": {"train": "examples/mcp/tasks_tra
   "reset_tool": "start_task", "reward": {"tool": "check_task"}, "release_tool": "end_task"}'
 RUN=(--max-turns 4 --max-new-tokens 64 --temperature 0 --fresh)
 N=4 RUNS=runs TRAIN_ARGS=()
-if [[ "${SMOKE:-0}" == 1 ]]; then  # two rollouts per transport and one training step, end to end
-    N=2 RUNS=runs/smoke
+if [[ "${SMOKE:-0}" == 1 ]]; then  # two short rollouts per transport and one training step, end to end
+    N=2 RUNS=runs/smoke RUN=(--max-turns 2 --max-new-tokens 32 --temperature 0 --fresh)
     TRAIN_ARGS=(output_dir=runs/smoke/mcp-store steps=1 rollout.tasks_per_step=1 rollout.group_size=2
-        eval.tasks=2 eval.every=1 checkpoint.every=1)
+        rollout.max_turns=2 rollout.max_new_tokens=32 eval.tasks=1 eval.every=1 checkpoint.every=1)
 fi
 
 agentboost pull                                                    # the embedded default model

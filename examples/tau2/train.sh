@@ -22,7 +22,7 @@ OVERRIDES=(environment.kwargs.domain="$DOMAIN" environment.kwargs.mode="$MODE"
     environment.kwargs.reward="$REWARD" output_dir="runs/tau2-$DOMAIN-$MODE")
 if [[ "${SMOKE:-0}" == 1 ]]; then  # one short step and a small evaluation, end to end
     OVERRIDES+=(output_dir="runs/smoke/tau2-$DOMAIN-$MODE" steps=1 rollout.tasks_per_step=1
-        rollout.group_size=2 rollout.max_turns=4 rollout.max_new_tokens=64 environment.kwargs.max_user_turns=2
+        rollout.group_size=2 rollout.max_turns=2 rollout.max_new_tokens=64 environment.kwargs.max_user_turns=1
         eval.tasks=1 eval.every=1 checkpoint.every=1)
 fi
 

@@ -13,9 +13,11 @@ import socket
 import time
 
 import pytest
+from aiohttp import web
 from remote_support import GateEngine, dead_url, expected_ids, fast_retry, run
 
 from agentboost.engines.base import SamplingParams
+from agentboost.engines.factory import check_servers
 from agentboost.engines.remote.sglang import SGLangEngine
 from agentboost.engines.remote.transport import RetryPolicy
 from agentboost.engines.servers.serve import start_server
@@ -128,3 +130,55 @@ def test_a_server_that_stops_listening_but_holds_requests_open_does_not_stall_th
     error, elapsed = run(scenario(), timeout=30)
     assert elapsed < 5.0  # not the 600 s read timeout
     assert "refused connections" in str(error)
+
+
+def test_a_run_waits_for_a_server_that_is_still_starting_and_says_so():
+    """`serve-vllm ... &` then `rollout` at once: the port refuses connections, then /health answers
+    503 while the model loads, then 200. The check waits through both, saying what it waits for."""
+    url = dead_url()
+    port = int(url.rsplit(":", 1)[1])
+    statuses: list[int] = []
+
+    async def health(_request: web.Request) -> web.Response:
+        statuses.append(503 if len(statuses) < 2 else 200)
+        return web.Response(status=statuses[-1])
+
+    async def scenario():
+        runner = web.AppRunner(web.Application())
+        runner.app.router.add_get("/health", health)
+        await runner.setup()
+
+        async def start_late():
+            await asyncio.sleep(1.5)
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+
+        heard: list[str] = []
+        starting = asyncio.create_task(start_late())
+        began = time.monotonic()
+        try:
+            await check_servers("vllm", [url], wait_s=30.0, say=heard.append)
+        finally:
+            await starting
+            await runner.cleanup()
+        return heard, time.monotonic() - began
+
+    heard, waited = run(scenario())
+    assert statuses == [503, 503, 200]  # asked again while it loaded, done at the first 200
+    assert waited > 1.5
+    refused = f"waiting for the engine at {url} (cannot be reached (Connection refused)"
+    assert heard and heard[0].startswith(refused)
+    assert "of 30 s)" in heard[0]
+
+
+def test_a_server_that_never_starts_ends_the_wait_with_a_typed_error_and_the_fix():
+    url = dead_url()
+    heard: list[str] = []
+    began = time.monotonic()
+    with pytest.raises(ServersDownError) as caught:
+        run(check_servers("vllm", [url], wait_s=1.0, say=heard.append))
+    assert 1.0 <= time.monotonic() - began < 10.0
+    message = str(caught.value)
+    refused = f"the vllm server at {url} cannot be reached (Connection refused) after waiting 1 s"
+    assert message.startswith(refused)
+    assert "agentboost serve-vllm" in message and "--server-down-timeout" in message
+    assert len(heard) == 1  # one line at the start, then one every 10 s

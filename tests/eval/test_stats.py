@@ -159,3 +159,43 @@ def test_an_environment_supplies_its_own_report_tables():
     assert sum(row[1] for row in rows(stats, "coding_submissions")) == 3  # the coding rollouts left
     markdown = stats.to_markdown()
     assert markdown.index("## Coding") < markdown.index("## Colours") < markdown.index("### Reward per task")
+
+
+@pytest.mark.parametrize("xs", [[1], [7]])
+def test_a_one_point_reward_curve_shows_the_point_on_a_whole_step_axis(xs):
+    """One step (or one rollout) drew an x axis from -0.04 to 0.04 and no visible point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentboost.eval.plots import draw_reward_curve
+
+    figure, axes = plt.subplots()
+    try:
+        draw_reward_curve(axes, xs, [0.0])
+        assert axes.get_xlim() == (xs[0] - 1, xs[0] + 1)
+        assert axes.get_ylim() == pytest.approx((-0.05, 1.05))  # the reward range, not a zoom on 0
+        assert [line.get_marker() for line in axes.get_lines()] == ["o"]  # a lone point is drawn
+        figure.canvas.draw()
+        ticks = [tick for tick in axes.get_xticks() if xs[0] - 1 <= tick <= xs[0] + 1]
+        assert xs[0] in ticks and all(float(tick).is_integer() for tick in ticks)
+    finally:
+        plt.close(figure)
+
+
+def test_a_curve_of_several_points_keeps_its_own_x_range():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentboost.eval.plots import draw_reward_curve
+
+    figure, axes = plt.subplots()
+    try:
+        draw_reward_curve(axes, [2, 4, 6], [0.1, 0.5, 0.9])
+        low, high = axes.get_xlim()
+        assert low < 2 and high > 6 and high - low < 6  # matplotlib's margins, not one unit each side
+    finally:
+        plt.close(figure)

@@ -44,6 +44,23 @@ def test_a_multi_turn_rollout_shows_turns_and_tokens_and_a_stall_says_what_it_wa
     assert "1 rollouts (0 already done, 0 failed" in screen
 
 
+def test_a_tau2_rollout_shows_the_agents_turns_and_tokens_before_it_ends(tokenizer_dir, tmp_path):
+    """The tau2 quick start sat at 0/3 with no counter: a conversation with a simulated customer shows
+    the agent's turns and tokens on the bar while it runs."""
+    pytest.importorskip("tau2")
+    out = tmp_path / "tau2.jsonl"
+    screen = run_in_terminal(
+        [sys.executable, str(HERE / "live_runner.py"), str(out), str(tokenizer_dir), "tau2"]
+    )
+    drawn = screen.replace("\r", "\n").splitlines()
+    for turns in (1, 2):  # each agent turn counted while the customer still talks (0/1: not ended)
+        during = [line for line in drawn if "0/1" in line and f"turns={turns}," in line]
+        assert during and "tokens=0," not in during[0], repr(screen)
+    assert any("1/1" in line and "turns=3," in line for line in drawn), repr(screen)
+    assert "1 rollouts (0 already done, 0 failed" in screen
+    assert "user_ended 1" in screen
+
+
 class NeverAnswers(ScriptedEngine):
     """An engine that takes every request and never answers (a machine far too busy for it)."""
 
