@@ -19,6 +19,7 @@ from agentboost.gateway.message_keys import WireMemo, parse_messages
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
     bad_request,
+    hosted_tool,
     number_field,
     positive_int_field,
     stop_ids,
@@ -91,11 +92,7 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
         return tool_schema(None, None, None, index)
     kind = tool.get("type")
     if kind not in (None, "custom"):
-        raise bad_request(
-            f"tools[{index}] is a server tool of type {kind!r}: the gateway runs no server tools; "
-            "declare it as a client tool (name, description, input_schema) and run it in the agent",
-            code="unsupported_tool",
-        )
+        raise hosted_tool(index, kind, "a client tool (name, description, input_schema)")
     return tool_schema(tool.get("name"), tool.get("description"), tool.get("input_schema"), index)
 
 

@@ -54,8 +54,14 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
 
 
-def refuse_penalties(body: Mapping[str, Any]) -> None:
-    """``frequency_penalty`` / ``presence_penalty``: 0 (or absent) is served, anything else refused."""
+def check_body(body: Any, refused: Mapping[str, str]) -> Mapping[str, Any]:
+    """What both OpenAI APIs refuse alike: a body that is not an object, the ``refused`` parameters,
+    penalties other than 0 (the engines sample without them), ``top_logprobs`` other than 0."""
+    if not isinstance(body, Mapping):
+        raise bad_request("the request body must be a JSON object")
+    for key, reason in refused.items():
+        if body.get(key) is not None:
+            raise bad_request(reason, code="unsupported_parameter")
     for name in ("frequency_penalty", "presence_penalty"):
         value = body.get(name)
         if value is not None and value != 0:
@@ -64,6 +70,18 @@ def refuse_penalties(body: Mapping[str, Any]) -> None:
                 "(send 0 or omit it)",
                 code="unsupported_parameter",
             )
+    top_logprobs_field(body.get("top_logprobs"))
+    return body
+
+
+def text_format_field(form: Any, name: str) -> None:
+    """``response_format`` / ``text.format``: only ``{"type": "text"}`` (the default) is served."""
+    if form is not None and (not isinstance(form, Mapping) or form.get("type") != "text"):
+        raise bad_request(
+            f"{name} other than {{'type': 'text'}} is not supported: the model's tokens are never "
+            "constrained; ask for the format in the prompt",
+            code="unsupported_parameter",
+        )
 
 
 def seed_field(value: Any) -> int | None:
@@ -92,22 +110,8 @@ def parse_request(
     ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.
     ``request.logprobs`` says whether the answer carries the sampled ids' logprobs.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
-    for key, reason in _REFUSED.items():
-        if body.get(key) is not None:
-            raise bad_request(reason, code="unsupported_parameter")
-    refuse_penalties(body)
-    top_logprobs_field(body.get("top_logprobs"))
-    response_format = body.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, Mapping) or response_format.get("type") != "text"
-    ):
-        raise bad_request(
-            "response_format other than {'type': 'text'} is not supported: the model's tokens are never "
-            "constrained; ask for the format in the prompt",
-            code="unsupported_parameter",
-        )
+    body = check_body(body, _REFUSED)
+    text_format_field(body.get("response_format"), "response_format")
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_request(f"n={n!r} is not supported: the gateway serves one choice per request (n=1)")

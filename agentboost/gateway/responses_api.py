@@ -1,14 +1,15 @@
 """OpenAI Responses on the wire: requests into :class:`ChatRequest`, turns into responses and events.
 
 Supported: ``input`` (a string, or items: messages with text parts, ``function_call``,
-``function_call_output``; ``reasoning`` items a client sends back are ignored: the session holds the
-reasoning tokens), ``instructions`` (the system prompt of this request; as in OpenAI's API it is not
-carried over from a previous response), function ``tools``, ``tool_choice`` and
-``parallel_tool_calls`` (accepted, not enforced), ``previous_response_id`` (the session keeps each
-stored response's items; a chained request is the stored conversation plus its ``input``), ``store``,
-``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``text.format`` ``text``, ``include``
-``message.output_text.logprobs`` (``top_logprobs`` 0), ``metadata`` (echoed). A ``<think>`` model's
-reasoning comes back as a ``reasoning`` item (its text as ``reasoning_text`` content, no summary).
+``function_call_output``, ``item_reference`` to an output item the session stored; ``reasoning``
+items a client sends back are ignored: the session holds the reasoning tokens), ``instructions``
+(the system prompt of this request; as in OpenAI's API it is not carried over from a previous
+response), function ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (accepted, not
+enforced), ``previous_response_id`` (the session keeps each stored response's items; a chained
+request is the stored conversation plus its ``input``), ``store``, ``max_output_tokens``,
+``temperature``, ``top_p``, ``stream``, ``text.format`` ``text``, ``include``
+``message.output_text.logprobs`` (``top_logprobs`` 0), ``metadata`` (echoed). A ``<think>``
+model's reasoning comes back as a ``reasoning`` item (its text as ``reasoning_text`` content).
 
 Items are grouped before they are translated: an assistant message, the ``function_call`` items and
 ``reasoning`` items that follow it are one assistant turn, exactly as the session served it.
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentboost.gateway.message_keys import WireMemo, parse_messages
-from agentboost.gateway.openai_api import refuse_penalties, token_logprobs, top_logprobs_field
+from agentboost.gateway.openai_api import check_body, text_format_field, token_logprobs
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
     bad_request,
     call_arguments,
+    hosted_tool,
     number_field,
     positive_int_field,
     text_of_parts,
@@ -71,20 +73,16 @@ def parse_request(
     tokenizer: Tokenizer,
     memo: WireMemo | None = None,
     stored: Mapping[str, list[Any]] | None = None,
+    items: Mapping[str, Any] | None = None,
 ) -> tuple[ChatRequest, ResponsesCall]:
     """(request, call) from a Responses body; GatewayError when it is malformed.
 
     ``stored``: the session's stored responses (response id -> the items of its conversation), for
-    ``previous_response_id``.
+    ``previous_response_id``; ``items``: their output items by id, for ``item_reference`` inputs.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
-    for key, reason in _REFUSED.items():
-        if body.get(key) is not None:
-            raise bad_request(reason, code="unsupported_parameter")
-    refuse_penalties(body)
-    top_logprobs_field(body.get("top_logprobs"))
-    _check_text_format(body.get("text"))
+    body = check_body(body, _REFUSED)
+    text = body.get("text")
+    text_format_field(text.get("format") if isinstance(text, Mapping) else text, "text.format")
     if body.get("truncation") not in (None, "disabled"):
         raise bad_request(
             "truncation 'auto' is not supported: the gateway never drops context; send 'disabled'"
@@ -93,18 +91,18 @@ def parse_request(
     if not isinstance(include, list):
         raise bad_request("include must be a list of strings")
     previous = body.get("previous_response_id")
-    items = list(_stored(stored or {}, previous)) if previous is not None else []
+    conversation = list(_stored(stored or {}, previous)) if previous is not None else []
     raw_input = body.get("input")
     if isinstance(raw_input, str):
-        items.append({"role": "user", "content": raw_input})
+        conversation.append({"role": "user", "content": raw_input})
     elif isinstance(raw_input, list):
-        items.extend(raw_input)
+        conversation.extend(_referenced(item, items or {}, index) for index, item in enumerate(raw_input))
     else:
         raise bad_request("'input' must be a string or a list of items")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise bad_request("instructions must be a string")
-    parsed = parse_messages("responses", _groups(items), _group, memo)
+    parsed = parse_messages("responses", _groups(conversation), _group, memo)
     messages, keys, system = parsed.messages, parsed.keys, instructions or None
     if messages and messages[0]["role"] == "system":
         if system is not None:
@@ -131,7 +129,7 @@ def parse_request(
     call = ResponsesCall(
         stream=body.get("stream") is True,
         store=body.get("store") is not False,
-        items=items,
+        items=conversation,
         previous_response_id=previous,
         instructions=instructions,
         tools=raw_tools,
@@ -143,6 +141,22 @@ def parse_request(
         top_p=top_p,
     )
     return request, call
+
+
+def _referenced(item: Any, items: Mapping[str, Any], index: int) -> Any:
+    """An ``item_reference`` input as the output item it names (one this session stored)."""
+    if not isinstance(item, Mapping) or item.get("type") != "item_reference":
+        return item
+    found = items.get(item.get("id"))  # type: ignore[arg-type]
+    if found is None:
+        raise GatewayError(
+            400,
+            "invalid_request",
+            f"input[{index}]: item_reference {str(item.get('id'))[:80]!r} names no output item this "
+            "session stored (store=false keeps none); send the item itself",
+            code="item_not_found",
+        )
+    return found
 
 
 def _stored(stored: Mapping[str, list[Any]], previous: Any) -> list[Any]:
@@ -157,26 +171,10 @@ def _stored(stored: Mapping[str, list[Any]], previous: Any) -> list[Any]:
     return stored[previous]
 
 
-def _check_text_format(text: Any) -> None:
-    if text is None:
-        return
-    form = text.get("format") if isinstance(text, Mapping) else None
-    if form is not None and (not isinstance(form, Mapping) or form.get("type") != "text"):
-        raise bad_request(
-            "text.format other than {'type': 'text'} is not supported: the model's tokens are never "
-            "constrained; ask for the format in the prompt",
-            code="unsupported_parameter",
-        )
-
-
 def _tool(tool: Any, index: int) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or tool.get("type") != "function":
         kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
-        raise bad_request(
-            f"tools[{index}] is of type {kind!r}: the gateway serves function tools only (it runs no "
-            "hosted tools); declare it as {'type': 'function', 'name', 'parameters'} and run it in the agent",
-            code="unsupported_tool",
-        )
+        raise hosted_tool(index, kind, "{'type': 'function', 'name', 'parameters'}")
     return tool_schema(tool.get("name"), tool.get("description"), tool.get("parameters"), index)
 
 

@@ -364,12 +364,15 @@ class Gateway:
     async def _responses(
         self, request: web.Request, session: GatewaySession, raw: bytes
     ) -> web.StreamResponse:
-        parse = functools.partial(responses_api.parse_request, stored=session.responses)
+        parse = functools.partial(
+            responses_api.parse_request, stored=session.responses, items=session.response_items
+        )
         chat, call = await self._parse(parse, raw, session)
         served = await self._complete(request, session, chat)
         answer = responses_api.response(served, call, self.model_name, self.tokenizer, logprobs=chat.logprobs)
         if call.store and not served.undelivered:
             session.responses[answer["id"]] = [*call.items, *answer["output"]]
+            session.response_items.update((item["id"], item) for item in answer["output"])
         if not call.stream:
             return web.json_response(answer)
         return await self._stream(request, session, served, responses_api.stream_events(answer), done=None)

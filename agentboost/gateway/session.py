@@ -166,6 +166,8 @@ class GatewaySession:
         """The last request's wire messages and their translation, reused by the next request's parse."""
         self.responses: dict[str, list[Any]] = {}
         """Responses API: each stored response's conversation as items, for ``previous_response_id``."""
+        self.response_items: dict[str, Any] = {}
+        """Responses API: each stored response's output items by id, for ``item_reference`` inputs."""
         self.termination: TerminationReason | None = None
         self.termination_detail: str | None = None
         self.ended = asyncio.Event()

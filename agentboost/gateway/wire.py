@@ -33,6 +33,16 @@ def text_of_parts(content: Any, where: str) -> str:
     raise bad_request(f"{where} must be text or a list of text parts")
 
 
+def hosted_tool(index: int, kind: Any, declare_as: str) -> GatewayError:
+    """The refusal of a hosted (server) tool: the gateway runs no tools, and offering one to the
+    model as an empty function would be a lie."""
+    return bad_request(
+        f"tools[{index}] is a hosted tool of type {kind!r}: the gateway runs no tools itself; declare "
+        f"it as {declare_as} and run it in the agent",
+        code="unsupported_tool",
+    )
+
+
 def tool_schema(name: Any, description: Any, parameters: Any, index: int) -> dict[str, Any]:
     """One tool as the template and the parsers see it (the OpenAI function schema)."""
     if not isinstance(name, str) or not name:

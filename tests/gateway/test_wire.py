@@ -146,6 +146,12 @@ REFUSALS = [
         {"response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "x"}]},
         400,
     ),
+    (
+        "responses: unknown item_reference",
+        "/s/s1/v1/responses",
+        {"input": [{"type": "item_reference", "id": "msg_1"}]},
+        400,
+    ),
     ("legacy completions", "/s/s1/v1/completions", {"prompt": "x"}, 404),
     ("unknown route", "/v2/anything", {}, 404),
     ("session name with a slash", "/s/a+b/c==/v1/chat/completions", {"messages": []}, 404),
