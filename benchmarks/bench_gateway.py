@@ -5,7 +5,9 @@
    through the Strands provider (``run_agent``) and through the gateway (a minimal aiohttp OpenAI
    client on loopback). Rounds alternate between paths; the median round's p50 over the five turns
    before each mark is printed, with the difference (the gateway's added cost per call) and the
-   part of the gateway's cycle the client spends encoding the history it resends (JSON).
+   part of the gateway's cycle the client spends encoding the history it resends (JSON). The same
+   session on the Responses API: the whole input resent each call (as the OpenAI Agents SDK does),
+   and chained by ``previous_response_id`` (only the new ``function_call_output`` sent).
 2. ``--sessions`` concurrent sessions (3 turns each) through one gateway: errors, wall time, and the
    resident memory the open sessions hold, per session.
 
@@ -111,6 +113,36 @@ async def gateway_round(tokenizer, turns: int) -> tuple[dict[int, float], dict[i
     return p50_at_marks(clock.stamps), encoded
 
 
+async def responses_round(tokenizer, turns: int, chained: bool) -> dict[int, float]:
+    """The gateway's cycle times at the marks on the Responses API (whole input, or chained)."""
+    clock = Clock(tokenizer, turns)
+    tools = [{"type": "function", **tool["function"]} for tool in tool_specs_to_openai([add.tool_spec])]
+    async with Gateway(
+        clock.engine, tokenizer, template="qwen3", limits=RolloutLimits(max_turns=turns + 1)
+    ) as gateway:
+        gateway.open_session("bench")
+        url = f"{gateway.base_url('bench')}/responses"
+        items: list = [{"role": "user", "content": "Add 1 and 2, again and again."}]
+        new, previous = list(items), None
+        async with aiohttp.ClientSession() as http:
+            for _ in range(turns):
+                request = {"input": new if chained else items, "tools": tools}
+                if chained and previous:
+                    request["previous_response_id"] = previous
+                async with http.post(url, data=json.dumps(request).encode(), headers=JSON) as response:
+                    answer = await response.json()
+                previous = answer["id"]
+                items += answer["output"]
+                calls = [item for item in answer["output"] if item["type"] == "function_call"]
+                if not calls:
+                    break
+                new = [
+                    {"type": "function_call_output", "call_id": c["call_id"], "output": "3"} for c in calls
+                ]
+                items += new
+    return p50_at_marks(clock.stamps)
+
+
 def rss_bytes() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -166,22 +198,29 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     args = parser.parse_args()
     tokenizer = load_qwen3_tokenizer()
-    provider, gateway, encoding = [], [], []
+    provider, gateway, encoding, responses, chained = [], [], [], [], []
     for _ in range(args.rounds):
         provider.append(asyncio.run(provider_round(tokenizer, args.turns)))
         cycles, encoded = asyncio.run(gateway_round(tokenizer, args.turns))
         gateway.append(cycles)
         encoding.append(encoded)
+        responses.append(asyncio.run(responses_round(tokenizer, args.turns, chained=False)))
+        chained.append(asyncio.run(responses_round(tokenizer, args.turns, chained=True)))
     print("cycle time per model call, ms (median of rounds of the p50 over the 5 calls before the mark);")
-    print("'client JSON': of the gateway's cycle, the client encoding the history it resends")
-    print(f"{'turn':>6} {'provider':>10} {'gateway':>10} {'added':>10} {'client JSON':>12}")
+    print("'client JSON': of the chat gateway's cycle, the client encoding the history it resends;")
+    print("'responses': the Responses API, whole input each call; 'chained': by previous_response_id")
+    header = ("turn", "provider", "chat", "added", "client JSON", "responses", "chained")
+    print(f"{header[0]:>6}" + "".join(f"{name:>12}" for name in header[1:]))
     for mark in MARKS:
         if mark > args.turns:
             continue
-        direct = statistics.median(r[mark] for r in provider) * 1e3
-        served = statistics.median(r[mark] for r in gateway) * 1e3
-        encode = statistics.median(r[mark] for r in encoding) * 1e3
-        print(f"{mark:>6} {direct:>10.2f} {served:>10.2f} {served - direct:>+10.2f} {encode:>12.2f}")
+        figures = [statistics.median(r[mark] for r in runs) * 1e3 for runs in (provider, gateway, encoding)]
+        direct, served, encode = figures
+        wire = [statistics.median(r[mark] for r in runs) * 1e3 for runs in (responses, chained)]
+        print(
+            f"{mark:>6} {direct:>11.2f} {served:>11.2f} {served - direct:>+11.2f} {encode:>11.2f} "
+            f"{wire[0]:>11.2f} {wire[1]:>11.2f}"
+        )
     if args.sessions:
         asyncio.run(many_sessions(tokenizer, args.sessions))
 

@@ -3,9 +3,10 @@
 Supported: ``system`` (text or text blocks), ``messages`` with ``text``, ``tool_use`` and
 ``tool_result`` blocks (``thinking`` blocks the client sends back are ignored: the session holds the
 reasoning tokens), ``tools``, ``tool_choice`` (accepted, not enforced), ``max_tokens``,
-``temperature``, ``top_p``, ``stop_sequences`` (one token each), ``stream``, ``thinking`` (the
+``temperature``, ``top_p``, ``stop_sequences``, ``stream``, ``thinking`` (the
 reasoning a ``<think>`` model wrote comes back as a ``thinking`` block; its budget is not
 enforced). A user message's tool results become tool messages, in the order sent, before its text.
+Server tools (typed tools such as ``web_search_20250305``) are refused: the gateway runs none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agentboost.gateway.message_keys import WireMemo, parse_messages
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
     bad_request,
+    hosted_tool,
     number_field,
     positive_int_field,
     stop_ids,
@@ -66,12 +68,8 @@ def parse_request(
     system = body.get("system")
     system_text = None if system is None else text_of_parts(_text_blocks(system), "system")
     parsed = parse_messages("anthropic", raw_messages, _message, memo)
-    tools = [
-        tool_schema(tool.get("name"), tool.get("description"), tool.get("input_schema"), index)
-        if isinstance(tool, Mapping)
-        else tool_schema(None, None, None, index)
-        for index, tool in enumerate(body.get("tools") or ())
-    ]
+    tools = [_tool(tool, index) for index, tool in enumerate(body.get("tools") or ())]
+    stop_token_ids, stop_strings = stop_ids(body.get("stop_sequences"), tokenizer, "stop_sequences")
     request = ChatRequest(
         messages=parsed.messages,
         keys=parsed.keys,
@@ -81,9 +79,21 @@ def parse_request(
         max_tokens=positive_int_field(body.get("max_tokens"), "max_tokens"),
         temperature=number_field(body.get("temperature"), "temperature"),
         top_p=number_field(body.get("top_p"), "top_p"),
-        stop_token_ids=stop_ids(body.get("stop_sequences"), tokenizer, "stop_sequences"),
+        stop_token_ids=stop_token_ids,
+        stop_strings=stop_strings,
     )
     return request, body.get("stream") is True, _thinking(body.get("thinking"))
+
+
+def _tool(tool: Any, index: int) -> dict[str, Any]:
+    """A client tool; a server tool (a typed one such as ``web_search_20250305``) is refused: the
+    gateway has no server to run it, and offering it to the model as a function would be a lie."""
+    if not isinstance(tool, Mapping):
+        return tool_schema(None, None, None, index)
+    kind = tool.get("type")
+    if kind not in (None, "custom"):
+        raise hosted_tool(index, kind, "a client tool (name, description, input_schema)")
+    return tool_schema(tool.get("name"), tool.get("description"), tool.get("input_schema"), index)
 
 
 def _thinking(config: Any) -> bool:
@@ -159,6 +169,8 @@ def _assistant(blocks: list[Mapping[str, Any]], index: int) -> dict[str, Any]:
 def _stop_reason(served: ServedTurn) -> str:
     if served.turn.tool_calls:
         return "tool_use"
+    if served.turn.stop_string is not None:
+        return "stop_sequence"
     return "max_tokens" if served.turn.finish_reason == "length" else "end_turn"
 
 
@@ -190,7 +202,7 @@ def response(served: ServedTurn, model: str, thinking: bool = False) -> dict[str
         "model": model,
         "content": _content(served, thinking),
         "stop_reason": _stop_reason(served),
-        "stop_sequence": None,
+        "stop_sequence": served.turn.stop_string,
         "usage": {"input_tokens": served.prompt_tokens, "output_tokens": served.completion_tokens},
     }
 
@@ -226,7 +238,7 @@ def stream_events(
         "message_delta",
         {
             "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
             "usage": {"output_tokens": served.completion_tokens},
         },
     )

@@ -3,14 +3,15 @@
 Supported: ``messages`` (system / developer, user, assistant with ``tool_calls``, tool), ``tools``,
 ``tool_choice`` (accepted, not enforced: the model's tokens are never constrained), ``n`` = 1,
 ``stream`` with ``stream_options.include_usage``, ``max_tokens`` / ``max_completion_tokens``,
-``temperature``, ``top_p``, ``stop`` (strings that are one token each). Parameters that would change
-what the answer means and that the gateway cannot honour (``n`` > 1, ``logit_bias``,
-``response_format``, legacy ``functions``) are refused with HTTP 400.
+``temperature``, ``top_p``, ``seed``, ``stop`` (a string or a list), ``logprobs`` (the sampled ids'
+logprobs; ``top_logprobs`` 0 only), ``response_format`` ``text``, penalties of 0. Parameters that
+would change what the answer means and that the gateway cannot honour (``n`` > 1, ``logit_bias``,
+other ``response_format`` types, non-zero penalties, legacy ``functions``) are refused with HTTP 400.
+The parameter checks both OpenAI APIs share are :func:`sampling_fields`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ from agentboost.gateway.message_keys import WireMemo, parse_messages
 from agentboost.gateway.session import ChatRequest, GatewayError, ServedTurn
 from agentboost.gateway.wire import (
     bad_request,
+    call_arguments,
     number_field,
     positive_int_field,
     stop_ids,
@@ -32,7 +34,6 @@ from agentboost.tokens.tokenizer import Tokenizer
 
 _REFUSED = {
     "logit_bias": "logit_bias is not supported (the gateway never changes the model's distribution)",
-    "response_format": "response_format is not supported: ask for the format in the prompt",
     "functions": "the legacy 'functions' parameter is not supported; send 'tools'",
     "function_call": "the legacy 'function_call' parameter is not supported; send 'tool_choice'",
 }
@@ -53,18 +54,64 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
 
 
+def check_body(body: Any, refused: Mapping[str, str]) -> Mapping[str, Any]:
+    """What both OpenAI APIs refuse alike: a body that is not an object, the ``refused`` parameters,
+    penalties other than 0 (the engines sample without them), ``top_logprobs`` other than 0."""
+    if not isinstance(body, Mapping):
+        raise bad_request("the request body must be a JSON object")
+    for key, reason in refused.items():
+        if body.get(key) is not None:
+            raise bad_request(reason, code="unsupported_parameter")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = body.get(name)
+        if value is not None and value != 0:
+            raise bad_request(
+                f"{name}={value!r} is not supported: the engines sample without penalties "
+                "(send 0 or omit it)",
+                code="unsupported_parameter",
+            )
+    top_logprobs_field(body.get("top_logprobs"))
+    return body
+
+
+def text_format_field(form: Any, name: str) -> None:
+    """``response_format`` / ``text.format``: only ``{"type": "text"}`` (the default) is served."""
+    if form is not None and (not isinstance(form, Mapping) or form.get("type") != "text"):
+        raise bad_request(
+            f"{name} other than {{'type': 'text'}} is not supported: the model's tokens are never "
+            "constrained; ask for the format in the prompt",
+            code="unsupported_parameter",
+        )
+
+
+def seed_field(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"seed must be an integer, got {value!r}")
+    return value
+
+
+def top_logprobs_field(value: Any) -> None:
+    """``top_logprobs``: the engines return only the sampled id's logprob, so only 0 is served."""
+    if value is not None and value != 0:
+        raise bad_request(
+            f"top_logprobs={value!r} is not supported: the engine returns only each sampled token's "
+            "logprob (send 0 or omit it)",
+            code="unsupported_parameter",
+        )
+
+
 def parse_request(
     body: Any, tokenizer: Tokenizer, memo: WireMemo | None = None
 ) -> tuple[ChatRequest, bool, bool]:
     """(request, stream, include_usage) from a Chat Completions body; GatewayError when it is malformed.
 
     ``memo`` (the session's last request, :attr:`ChatRequest.memo`) spares re-translating its messages.
+    ``request.logprobs`` says whether the answer carries the sampled ids' logprobs.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
-    for key, reason in _REFUSED.items():
-        if body.get(key) is not None:
-            raise bad_request(reason, code="unsupported_parameter")
+    body = check_body(body, _REFUSED)
+    text_format_field(body.get("response_format"), "response_format")
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_request(f"n={n!r} is not supported: the gateway serves one choice per request (n=1)")
@@ -84,7 +131,7 @@ def parse_request(
             tool_schema(function.get("name"), function.get("description"), function.get("parameters"), index)
         )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    stop = body.get("stop")
+    stop_token_ids, stop_strings = stop_ids(body.get("stop"), tokenizer, "stop")
     request = ChatRequest(
         messages=messages,
         keys=keys,
@@ -94,7 +141,10 @@ def parse_request(
         max_tokens=positive_int_field(max_tokens, "max_tokens"),
         temperature=number_field(body.get("temperature"), "temperature"),
         top_p=number_field(body.get("top_p"), "top_p"),
-        stop_token_ids=stop_ids([stop] if isinstance(stop, str) else stop, tokenizer, "stop"),
+        stop_token_ids=stop_token_ids,
+        stop_strings=stop_strings,
+        seed=seed_field(body.get("seed")),
+        logprobs=body.get("logprobs") is True,
     )
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}
@@ -133,11 +183,7 @@ def _assistant(message: Mapping[str, Any], index: int) -> dict[str, Any]:
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise bad_request(f"messages[{index}].tool_calls[{position}] needs a function with a name")
-        arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            # invalid JSON is kept as sent: it then cannot match a call the gateway served (drift)
-            with contextlib.suppress(json.JSONDecodeError):
-                arguments = json.loads(arguments)
+        arguments = call_arguments(function.get("arguments", "{}"))
         calls.append(
             {
                 "id": call.get("id"),
@@ -179,8 +225,23 @@ def _usage(served: ServedTurn) -> dict[str, int]:
     }
 
 
-def response(served: ServedTurn, model: str) -> dict[str, Any]:
-    """A ``chat.completion`` object."""
+def token_logprobs(served: ServedTurn, tokenizer: Tokenizer) -> list[dict[str, Any]]:
+    """Every id the turn generated (reasoning and tool-call markup included) with its logprob."""
+    entries = []
+    for token_id, logprob in zip(served.turn.token_ids, served.turn.logprobs, strict=True):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+    return entries
+
+
+def _logprobs(served: ServedTurn, tokenizer: Tokenizer | None) -> dict[str, Any] | None:
+    if tokenizer is None:
+        return None
+    return {"content": token_logprobs(served, tokenizer), "refusal": None}
+
+
+def response(served: ServedTurn, model: str, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
+    """A ``chat.completion`` object (with the turn's logprobs when a ``tokenizer`` is given)."""
     message: dict[str, Any] = {"role": "assistant", "content": served.turn.content or None}
     if served.turn.reasoning is not None:
         message["reasoning_content"] = served.turn.reasoning
@@ -195,14 +256,22 @@ def response(served: ServedTurn, model: str) -> dict[str, Any]:
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": _finish_reason(served), "logprobs": None}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": _finish_reason(served),
+                "logprobs": _logprobs(served, tokenizer),
+            }
         ],
         "usage": _usage(served),
     }
 
 
-def stream_chunks(served: ServedTurn, model: str, include_usage: bool) -> Iterator[dict[str, Any]]:
-    """``chat.completion.chunk`` objects in OpenAI's order: role, reasoning, content, calls, finish, usage."""
+def stream_chunks(
+    served: ServedTurn, model: str, include_usage: bool, tokenizer: Tokenizer | None = None
+) -> Iterator[dict[str, Any]]:
+    """``chat.completion.chunk`` objects in OpenAI's order: role, reasoning, content, calls, finish, usage
+    (the turn's logprobs ride on the finish chunk when a ``tokenizer`` is given)."""
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",
@@ -210,8 +279,9 @@ def stream_chunks(served: ServedTurn, model: str, include_usage: bool) -> Iterat
     }
     base["model"] = model
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return {**base, "choices": [choice]}
 
     yield chunk({"role": "assistant", "content": ""})
     if served.turn.reasoning is not None:
@@ -220,6 +290,6 @@ def stream_chunks(served: ServedTurn, model: str, include_usage: bool) -> Iterat
         yield chunk({"content": served.turn.content})
     for index, call in enumerate(_wire_calls(served)):
         yield chunk({"tool_calls": [{"index": index, **call}]})
-    yield chunk({}, _finish_reason(served))
+    yield chunk({}, _finish_reason(served), _logprobs(served, tokenizer))
     if include_usage:
         yield {**base, "choices": [], "usage": _usage(served)}

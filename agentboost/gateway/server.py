@@ -1,25 +1,29 @@
-"""The gateway: OpenAI Chat Completions and Anthropic Messages in front of any engine, owning the tokens.
+"""The gateway: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages in front of any
+engine, owning the tokens.
 
 Endpoints (a session is named in the path, or carried in the API-key slot for clients whose base
 URL is fixed):
 
 * ``POST /s/<session>/v1/chat/completions`` and ``POST /v1/chat/completions`` (key:
   ``Authorization: Bearer <session>``);
+* ``POST /s/<session>/v1/responses`` and ``POST /v1/responses`` (the same key);
 * ``POST /s/<session>/v1/messages`` and ``POST /v1/messages`` (key: ``x-api-key: <session>`` or the
-  bearer token);
+  bearer token); ``POST .../v1/messages/count_tokens`` (no session needed);
 * ``GET /s/<session>/v1/models``, ``GET /v1/models``, ``GET /health``;
 * ``GET /sessions/<session>/trajectory``: the session so far, as an agentboost trajectory.
 
 An unknown session is answered in the API's error shape: 404 when it was named in the path, 401
 when it came as a key. With ``open_sessions`` (the ``agentboost gateway`` command), any new name
 opens a session instead; ``DELETE /sessions/<session>`` finishes one (as a limit, or
-``session_idle_s`` without a request, does) and hands it to ``on_finish``.
+``session_idle_s`` without a request, does) and hands it to ``on_finish``. Any other route gets a
+404 in the OpenAI error shape (the Anthropic one under ``.../messages``) naming the routes served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import time
@@ -34,8 +38,14 @@ from agentboost.agent.episode import stop_token_ids
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, RolloutKey, SamplingParams
 from agentboost.errors import ConfigError
-from agentboost.gateway import anthropic_api, openai_api
-from agentboost.gateway.session import DriftPolicy, GatewayError, GatewaySession, check_policy
+from agentboost.gateway import anthropic_api, openai_api, responses_api
+from agentboost.gateway.session import (
+    DriftPolicy,
+    GatewayError,
+    GatewaySession,
+    check_policy,
+    prompt_token_count,
+)
 from agentboost.tokens.parsers import get_parser
 from agentboost.tokens.templates import ChatTemplate, template_for
 from agentboost.tokens.tokenizer import Tokenizer
@@ -189,15 +199,21 @@ class Gateway:
         app = web.Application(client_max_size=self.max_request_bytes)
         openai_handler = self._handler(self._openai)
         anthropic_handler = self._handler(self._anthropic)
+        responses_handler = self._handler(self._responses)
         app.router.add_post("/s/{session}/v1/chat/completions", openai_handler)
         app.router.add_post("/v1/chat/completions", openai_handler)
+        app.router.add_post("/s/{session}/v1/responses", responses_handler)
+        app.router.add_post("/v1/responses", responses_handler)
         app.router.add_post("/s/{session}/v1/messages", anthropic_handler)
         app.router.add_post("/v1/messages", anthropic_handler)
+        app.router.add_post("/s/{session}/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/s/{session}/v1/models", self._models)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
         app.router.add_delete("/sessions/{session}", self._delete)
+        app.router.add_route("*", "/{path:.*}", self._unknown)  # last: every other route and method
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -287,7 +303,7 @@ class Gateway:
             raise GatewayError(400, "invalid_request", str(error), "invalid_session_name") from None
 
     def _handler(self, serve: Callable[[web.Request, GatewaySession, Any], Any]) -> Any:
-        errors = openai_api.error_body if serve == self._openai else anthropic_api.error_body
+        errors = anthropic_api.error_body if serve == self._anthropic else openai_api.error_body
 
         async def handle(request: web.Request) -> web.StreamResponse:
             self.stats.requests += 1
@@ -320,6 +336,9 @@ class Gateway:
 
     async def _parse(self, parse: Callable[..., Any], raw: bytes, session: GatewaySession) -> Any:
         """Decode the JSON body and translate it into a ChatRequest: off the event loop when it is big."""
+        return await self._parse_body(parse, raw, session.wire_memo)
+
+    async def _parse_body(self, parse: Callable[..., Any], raw: bytes, memo: Any) -> Any:
 
         def work() -> Any:
             try:
@@ -328,17 +347,66 @@ class Gateway:
                 raise GatewayError(
                     400, "invalid_request", f"the request body is not valid JSON: {error}"
                 ) from error
-            return parse(body, self.tokenizer, session.wire_memo)
+            return parse(body, self.tokenizer, memo)
 
         return await asyncio.to_thread(work) if len(raw) > OFF_LOOP_BYTES else work()
 
     async def _openai(self, request: web.Request, session: GatewaySession, raw: bytes) -> web.StreamResponse:
         chat, stream, include_usage = await self._parse(openai_api.parse_request, raw, session)
         served = await self._complete(request, session, chat)
+        tokenizer = self.tokenizer if chat.logprobs else None
         if not stream:
-            return web.json_response(openai_api.response(served, self.model_name))
-        events = (("", chunk) for chunk in openai_api.stream_chunks(served, self.model_name, include_usage))
+            return web.json_response(openai_api.response(served, self.model_name, tokenizer))
+        chunks = openai_api.stream_chunks(served, self.model_name, include_usage, tokenizer)
+        events = (("", chunk) for chunk in chunks)
         return await self._stream(request, session, served, events, done="data: [DONE]\n\n")
+
+    async def _responses(
+        self, request: web.Request, session: GatewaySession, raw: bytes
+    ) -> web.StreamResponse:
+        parse = functools.partial(
+            responses_api.parse_request, stored=session.responses, items=session.response_items
+        )
+        chat, call = await self._parse(parse, raw, session)
+        served = await self._complete(request, session, chat)
+        answer = responses_api.response(served, call, self.model_name, self.tokenizer, logprobs=chat.logprobs)
+        if call.store and not served.undelivered:
+            session.responses[answer["id"]] = [*call.items, *answer["output"]]
+            session.response_items.update((item["id"], item) for item in answer["output"])
+        if not call.stream:
+            return web.json_response(answer)
+        return await self._stream(request, session, served, responses_api.stream_events(answer), done=None)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """``POST .../v1/messages/count_tokens``: the prompt's tokens under the gateway's tokenizer and
+        template (every session shares them, so no session is opened)."""
+        self.stats.requests += 1
+        try:
+            raw = await self._read_body(request)
+            chat, _stream, _thinking = await self._parse_body(anthropic_api.parse_request, raw, None)
+            count = await asyncio.to_thread(prompt_token_count, self.tokenizer, self.template, chat)
+        except GatewayError as error:
+            self.stats.errors += 1
+            return web.json_response(anthropic_api.error_body(error), status=error.status)
+        return web.json_response({"input_tokens": count})
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        """Every route not served: a 404 in the API's error shape that names the ones served."""
+        self.stats.requests += 1
+        self.stats.errors += 1
+        path = request.path
+        served = (
+            "POST .../v1/chat/completions, .../v1/responses, .../v1/messages, .../v1/messages/count_tokens; "
+            "GET .../v1/models (with .../ = /s/<session>/ or the session as the API key)"
+        )
+        if path.rstrip("/").endswith("/completions") and "/chat/" not in path:
+            hint = "the legacy Completions API is not served: send Chat Completions or Responses"
+        else:
+            hint = f"{request.method} {path[:200]} is not a route of this gateway"
+        error = GatewayError(404, "not_found", f"{hint}; it serves {served}", "unknown_route")
+        anthropic = "/messages" in path
+        body = anthropic_api.error_body(error) if anthropic else openai_api.error_body(error)
+        return web.json_response(body, status=404)
 
     async def _anthropic(
         self, request: web.Request, session: GatewaySession, raw: bytes

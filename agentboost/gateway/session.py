@@ -68,6 +68,12 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    """Stop strings of several tokens: the turn ends once its text holds one (see ``cut_at_stop_string``)."""
+    seed: int | None = None
+    """The client's seed (used as sent when the session takes the client's sampling)."""
+    logprobs: bool = False
+    """Whether the answer should carry the sampled ids' logprobs (the front end reads it)."""
 
     def __post_init__(self) -> None:
         if self.keys is None:
@@ -158,6 +164,10 @@ class GatewaySession:
         self.last_request: ChatRequest | None = None
         self.wire_memo: WireMemo | None = None
         """The last request's wire messages and their translation, reused by the next request's parse."""
+        self.responses: dict[str, list[Any]] = {}
+        """Responses API: each stored response's conversation as items, for ``previous_response_id``."""
+        self.response_items: dict[str, Any] = {}
+        """Responses API: each stored response's output items by id, for ``item_reference`` inputs."""
         self.termination: TerminationReason | None = None
         self.termination_detail: str | None = None
         self.ended = asyncio.Event()
@@ -339,9 +349,11 @@ class GatewaySession:
         if client_cap:
             budget = request.max_tokens  # type: ignore[assignment]
         sampling = self.sampling
+        seed = turn_seed(sampling.seed, self.turns)
         if self.client_sampling:
             changes = {"temperature": request.temperature, "top_p": request.top_p}
             sampling = replace(sampling, **{k: v for k, v in changes.items() if v is not None})
+            seed = request.seed if request.seed is not None else seed
         prompt_tokens = len(row.buffer.token_ids)
         try:
             turn = await generate_turn(
@@ -352,7 +364,8 @@ class GatewaySession:
                 sampling,
                 budget=budget,
                 stop_token_ids=(*self.stop_token_ids, *request.stop_token_ids),
-                seed=turn_seed(sampling.seed, self.turns),
+                seed=seed,
+                stop_strings=request.stop_strings,
             )
         except ContextLengthError as error:
             self._end(TerminationReason.CONTEXT_FULL, str(error))
@@ -475,6 +488,27 @@ class GatewaySession:
             "drift_events": len(self.drift),
             **self.engine_counts,
         }
+
+
+def prompt_token_count(tokenizer: Tokenizer, template: ChatTemplate, request: ChatRequest) -> int:
+    """How many tokens ``request`` renders to as a first prompt, generation prompt included
+    (what Anthropic's ``count_tokens`` answers; a session's held reasoning tokens are not counted)."""
+    names = {
+        call["id"]: call["function"]["name"]
+        for message in request.messages
+        if message["role"] == "assistant"
+        for call in message.get("tool_calls") or ()
+    }
+    chat: list[Message] = [{"role": "system", "content": request.system}] if request.system else []
+    for message in request.messages:
+        if message["role"] == "tool":
+            message = {**message, "name": names.get(message.get("tool_call_id", ""))}
+        chat.append(message)
+    buffer = TokenBuffer(tokenizer, template, tools=request.tools or None)
+    try:
+        return len(buffer.start(chat))
+    except TemplateError as error:
+        raise GatewayError(400, "invalid_request", str(error), code="template_error") from error
 
 
 def _changed_message(keys: Sequence[MessageKey], served: Sequence[MessageKey]) -> tuple[str, int]:

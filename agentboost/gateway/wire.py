@@ -3,6 +3,8 @@ per-session memo of a request's messages is :mod:`agentboost.gateway.message_key
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +33,16 @@ def text_of_parts(content: Any, where: str) -> str:
     raise bad_request(f"{where} must be text or a list of text parts")
 
 
+def hosted_tool(index: int, kind: Any, declare_as: str) -> GatewayError:
+    """The refusal of a hosted (server) tool: the gateway runs no tools, and offering one to the
+    model as an empty function would be a lie."""
+    return bad_request(
+        f"tools[{index}] is a hosted tool of type {kind!r}: the gateway runs no tools itself; declare "
+        f"it as {declare_as} and run it in the agent",
+        code="unsupported_tool",
+    )
+
+
 def tool_schema(name: Any, description: Any, parameters: Any, index: int) -> dict[str, Any]:
     """One tool as the template and the parsers see it (the OpenAI function schema)."""
     if not isinstance(name, str) or not name:
@@ -47,6 +59,15 @@ def tool_schema(name: Any, description: Any, parameters: Any, index: int) -> dic
             else {"type": "object", "properties": {}},
         },
     }
+
+
+def call_arguments(arguments: Any) -> Any:
+    """A tool call's arguments as sent back: parsed when they are a JSON string. Invalid JSON is kept
+    as sent: it then cannot match a call the gateway served (drift)."""
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(arguments)
+    return arguments
 
 
 def positive_int_field(value: Any, name: str) -> int | None:
@@ -67,19 +88,29 @@ def number_field(value: Any, name: str) -> float | None:
     return float(value)
 
 
-def stop_ids(stop: Any, tokenizer: Tokenizer, name: str) -> tuple[int, ...]:
-    """Stop strings as token ids: each must be exactly one token of the vocabulary."""
+MAX_STOP_STRINGS = 16
+"""The most stop strings one request may send (OpenAI allows 4; smolagents sends 2)."""
+
+
+def stop_ids(stop: Any, tokenizer: Tokenizer, name: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Stop strings as (single-token stop ids, stop strings of several tokens).
+
+    A one-token string stops the engine on that id (kept as the turn's last id); a longer one ends
+    the turn where its text completes (:func:`~agentboost.agent.turn.cut_at_stop_string`).
+    """
     if stop is None:
-        return ()
+        return (), ()
+    if isinstance(stop, str):
+        stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(item, str) and item for item in stop):
         raise bad_request(f"{name} must be a string or a list of non-empty strings")
-    ids = []
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"{name} holds {len(stop)} strings; send at most {MAX_STOP_STRINGS}")
+    ids, strings = [], []
     for text in stop:
         encoded = tokenizer.encode(text, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise bad_request(
-                f"{name} {text!r} is {len(encoded)} tokens; the gateway stops on single tokens only",
-                code="unsupported_parameter",
-            )
-        ids.append(int(encoded[0]))
-    return tuple(ids)
+        if len(encoded) == 1:
+            ids.append(int(encoded[0]))
+        else:
+            strings.append(text)
+    return tuple(ids), tuple(strings)

@@ -30,6 +30,8 @@ ANTHROPIC_TOOLS = [
     }
     for tool in OPENAI_TOOLS
 ]
+RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in OPENAI_TOOLS]
+"""The calculator tools as a Responses API client declares them."""
 IMPLEMENTATIONS = {"add": lambda a, b: a + b, "multiply": lambda a, b: a * b}
 
 
@@ -64,6 +66,48 @@ async def openai_agent(
     finally:
         await client.close()
     return messages
+
+
+async def responses_agent(
+    base_url: str, api_key: str, *, stream: bool = False, chained: bool = False, max_turns: int = 8
+) -> list[Any]:
+    """A tool loop on the Responses API (``client.responses.create``), as its docs write it: either
+    the whole conversation as input each time, or only the new items after ``previous_response_id``.
+    Returns every item of the conversation."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    items: list[Any] = [{"role": "user", "content": QUESTION}]
+    new, previous = list(items), None
+    try:
+        for _ in range(max_turns):
+            request = {"model": "policy", "instructions": SYSTEM, "tools": RESPONSES_TOOLS}
+            request["input"] = new if chained else items
+            if chained and previous is not None:
+                request["previous_response_id"] = previous
+            if stream:
+                async with client.responses.stream(**request) as events:
+                    async for _event in events:
+                        pass
+                    response = await events.get_final_response()
+            else:
+                response = await client.responses.create(**request)
+            previous = response.id
+            output = [item.model_dump(exclude_none=True) for item in response.output]
+            items += output
+            calls = [item for item in response.output if item.type == "function_call"]
+            if not calls:
+                return items
+            new = [
+                {
+                    "type": "function_call_output",
+                    "call_id": call.call_id,
+                    "output": str(IMPLEMENTATIONS[call.name](**json.loads(call.arguments))),
+                }
+                for call in calls
+            ]
+            items += new
+    finally:
+        await client.close()
+    return items
 
 
 async def _streamed_message(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:

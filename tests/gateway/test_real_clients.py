@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import QUESTION, SYSTEM, add, multiply, run
 from exactness_support import RecordingEngine
-from gateway_support import anthropic_agent, openai_agent, serving
+from gateway_support import anthropic_agent, openai_agent, responses_agent, serving
 from transformers import AutoModelForCausalLM
 
 from agentboost.agent.episode import run_agent
@@ -85,6 +85,21 @@ def test_anthropic_sdk_agent_gets_the_same_exact_tokens(model, qwen_tokenizer, s
         for block in m["content"]
     ]
     assert results == ["42", "84"]
+    assert trajectory.token_ids == scripted_trajectory.token_ids
+    check_exact(model, engine, trajectory)
+
+
+@pytest.mark.parametrize(("stream", "chained"), [(False, False), (True, False), (False, True), (True, True)])
+def test_responses_api_agent_gets_the_same_exact_tokens(
+    model, qwen_tokenizer, scripted_trajectory, stream, chained
+):
+    """``responses.create`` plain and streamed, the whole input each time or chained by
+    previous_response_id: the tiny model calls both tools, and the session is the provider's one row."""
+    engine, items, trajectory = through_gateway(
+        model, qwen_tokenizer, responses_agent, stream=stream, chained=chained
+    )
+    assert [item["output"] for item in items if item.get("type") == "function_call_output"] == ["42", "84"]
+    assert items[-1]["type"] == "message" and items[-1]["content"][0]["text"].endswith("Answer: 84")
     assert trajectory.token_ids == scripted_trajectory.token_ids
     check_exact(model, engine, trajectory)
 

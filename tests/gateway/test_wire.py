@@ -129,9 +129,38 @@ REFUSALS = [
         400,
     ),
     (
-        "multi-token stop",
+        "frequency_penalty",
         "/s/s1/v1/chat/completions",
-        {"stop": "the end", "messages": [{"role": "user", "content": "x"}]},
+        {"frequency_penalty": 0.5, "messages": [{"role": "user", "content": "x"}]},
+        400,
+    ),
+    (
+        "top_logprobs",
+        "/s/s1/v1/chat/completions",
+        {"logprobs": True, "top_logprobs": 3, "messages": [{"role": "user", "content": "x"}]},
+        400,
+    ),
+    (
+        "json response_format",
+        "/s/s1/v1/chat/completions",
+        {"response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "x"}]},
+        400,
+    ),
+    (
+        "responses: unknown item_reference",
+        "/s/s1/v1/responses",
+        {"input": [{"type": "item_reference", "id": "msg_1"}]},
+        400,
+    ),
+    ("legacy completions", "/s/s1/v1/completions", {"prompt": "x"}, 404),
+    ("unknown route", "/v2/anything", {}, 404),
+    ("session name with a slash", "/s/a+b/c==/v1/chat/completions", {"messages": []}, 404),
+    ("responses: hosted tool", "/s/s1/v1/responses", {"input": "x", "tools": [{"type": "web_search"}]}, 400),
+    ("responses: unknown chain", "/s/s1/v1/responses", {"input": "x", "previous_response_id": "resp_1"}, 400),
+    (
+        "responses: json format",
+        "/s/s1/v1/responses",
+        {"input": "x", "text": {"format": {"type": "json_object"}}},
         400,
     ),
     (
@@ -147,6 +176,16 @@ REFUSALS = [
         404,
     ),
     ("anthropic bad json", "/s/s1/v1/messages", b"[", 400),
+    (
+        "anthropic server tool",
+        "/s/s1/v1/messages",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        },
+        400,
+    ),
+    ("anthropic unknown route", "/s/s1/v1/messages/batches", {}, 404),
     (
         "anthropic image",
         "/s/s1/v1/messages",
