@@ -99,8 +99,13 @@ async def generate_turn(
     recorded = [error.kind for error in errors]
     if unclosed:
         recorded.append("unclosed_think")
+    version = generation.metrics.get("weight_version")
     buffer.append_generation(
-        ids, generation.logprobs, finish_reason=generation.finish_reason, parse_errors=recorded
+        ids,
+        generation.logprobs,
+        finish_reason=generation.finish_reason,
+        parse_errors=recorded,
+        weight_version=None if version is None else int(version),
     )
     metrics = {key: generation.metrics[key] for key in SUMMED_ENGINE_METRICS if key in generation.metrics}
     return GeneratedTurn(
