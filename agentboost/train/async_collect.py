@@ -359,6 +359,8 @@ class AsyncCollector:
         engine_idle = self.loop.run(self.gate.take_idle_seconds())
         metrics.update(synced)
         metrics.update(self.step_metrics(groups, dropped, step))
+        if step == trainer.total_steps - 1:  # the run's last step: the groups no step trains, counted
+            metrics["async/groups_left_over"] = float(self.left_over())
         step_seconds = time.perf_counter() - started
         metrics.update(
             {
@@ -374,6 +376,13 @@ class AsyncCollector:
         if bar is not None:
             bar.set_description_str("train", refresh=True)
         return metrics
+
+    def left_over(self) -> int:
+        """Groups collected or started that no step took (complete but not taken, or not complete)."""
+        wanted = self.trainer.config.rollout.tasks_per_step
+        with self._changed:
+            unfinished = sum(wanted - len(c.announced) for c in self._collections.values())
+            return len(self._ready) + unfinished
 
     def _close_gate(self) -> float:
         """Close the gate (waits for the generations in flight); the seconds it took."""

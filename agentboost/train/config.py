@@ -157,7 +157,7 @@ class RolloutConfig:
 
     @property
     def is_async(self) -> bool:
-        """Whether rollouts are collected by the asynchronous collector (agentboost/train/async_collect.py)."""
+        """Whether the asynchronous collector (agentboost/train/async_collect.py) collects the rollouts."""
         return self.max_staleness > 0 if self.asynchronous is None else self.asynchronous
 
     def problems(self) -> list[str]:

@@ -3,12 +3,23 @@ groups, partial rollouts, resume."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
 import pytest
 import torch
+from strands import tool
 from test_trainer import toy_config
 from train_toy_env import FirstToken, save_toy_model
 
+from agentboost.agent.limits import RolloutLimits
+from agentboost.engines.scripted import ScriptedEngine
+from agentboost.envs.base import Environment, Episode
+from agentboost.envs.task import Task
 from agentboost.rollout.results import read_results
+from agentboost.train.async_collect import AsyncCollector, staleness
 from agentboost.train.logging import read_metrics
 from agentboost.train.trainer import Trainer
 
@@ -85,3 +96,149 @@ def test_max_staleness_0_through_the_async_path_is_the_synchronous_trainer_bit_f
 
     assert comparable("sync") == comparable("async")
     assert sum(r["optim/updates"] for r in train) >= 1  # the weights really moved
+
+
+# --- a scripted engine: every rollout calls a tool, then answers; the tool waits as the test says ------
+
+
+class Waits(Environment):
+    """Each rollout: a tool call, the tool (which waits for the policy version ``wait_for`` names), an
+    answer. Rewards differ within a group (sample parity), so groups carry a signal."""
+
+    name = "waits"
+    system_prompt = "Call the tool, then answer."
+    template = "qwen3"
+    limits = RolloutLimits(max_turns=4)
+
+    def __init__(self) -> None:
+        self.collector: AsyncCollector | None = None
+        self.wait_for: Callable[[Episode], int | None] = lambda episode: None
+
+    def tasks(self, n=None, *, seed=0, split="train"):
+        return [Task(f"{split}-{index}", f"task {index}") for index in range(8 if n is None else n)]
+
+    def tools(self, episode):
+        environment = self
+
+        @tool
+        async def wait() -> str:
+            """Wait for the world."""
+            target = environment.wait_for(episode)
+            deadline = time.monotonic() + 30
+            while target is not None and environment.collector.version < target:
+                assert time.monotonic() < deadline, "the trainer never reached the version"
+                await asyncio.sleep(0.005)
+            return "ok"
+
+        return [wait]
+
+    def reward(self, trajectory, episode):
+        return float(episode.sample % 2)
+
+
+class ScriptedTrainer(Trainer):
+    """The trainer (a tiny real model updates) with a scripted engine; records what each step trained on."""
+
+    def __init__(self, config, *, environment, engine) -> None:
+        self.scripted = engine
+        super().__init__(config, environment=environment)
+        environment.collector = self._async
+        self.trained: list[tuple[int, list, list]] = []
+
+    def _make_engine(self):
+        return self.scripted
+
+    def make_samples(self, results, *, groups=None):
+        self.trained.append((self.step, list(groups), list(results)))
+        return super().make_samples(results, groups=groups)
+
+
+TOOL_CALL = '<tool_call>\n{"name": "wait", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def scripted_engine(qwen_tokenizer, say):
+    """Calls the tool on the first turn, answers once the tool responded (the system prompt names
+    ``<tool_response>`` once: a second one is the tool's)."""
+    response_id = qwen_tokenizer.convert_tokens_to_ids("<tool_response>")
+    call, answer = say(TOOL_CALL), say("done")
+
+    def make():
+        return ScriptedEngine(
+            lambda prompt, _: answer if prompt.count(response_id) > 1 else call, logprob=-0.25
+        )
+
+    return make, call
+
+
+def scripted_run(toy_model, tmp_path, engine, *, steps=3, **rollout):
+    environment = Waits()
+    config = toy_config(
+        toy_model,
+        tmp_path,
+        environment={"train_tasks": 8},
+        rollout={"tasks_per_step": 2, "group_size": 2, "max_staleness": 1, **rollout},
+        steps=steps,
+        checkpoint={"every": 0, "save_final_model": False},
+    )
+    return ScriptedTrainer(config, environment=environment, engine=engine), environment
+
+
+def check_bound_and_whole_groups(trainer, bound=1):
+    for step, keys, results in trainer.trained:
+        assert all(staleness(result, step) <= bound for result in results), step
+        assert set(Counter(keys).values()) <= {trainer.config.rollout.group_size}, keys
+
+
+def test_partial_rollouts_continue_on_new_weights_keeping_their_prefix_and_every_tokens_version(
+    toy_model, scripted_engine, tmp_path
+):
+    make, call = scripted_engine
+    trainer, environment = scripted_run(toy_model, tmp_path / "run", make())
+    origin = {task.id: step for step in range(3) for task in trainer.tasks_for_step(step)}
+    # a rollout of step t >= 1 waits in its tool until the policy is at version t: started on version
+    # t-1 (collected one step ahead), its first turn is generated there, its answer after the update
+    environment.wait_for = lambda episode: origin[episode.task.id] or None
+    trainer.train()
+
+    check_bound_and_whole_groups(trainer)
+    spanned = 0
+    for step, _, results in trainer.trained:
+        for result in results:
+            trajectory = result.trajectory
+            first, second = (s for s in trajectory.segments if s.role == "assistant")
+            assert trajectory.token_ids[first.start : first.end] == call  # the prefix kept, as generated
+            assert trajectory.logprobs[first.start : first.end] == [-0.25] * len(call)
+            versions = trajectory.token_versions()
+            assert all(versions[i] is None for i, kept in enumerate(trajectory.loss_mask) if not kept)
+            assert all(versions[i] == first.weight_version for i in range(first.start, first.end))
+            assert all(versions[i] == second.weight_version for i in range(second.start, second.end))
+            expected = [origin[result.task_id]] if step == 0 else [step - 1, step]
+            assert trajectory.weight_versions == expected
+            spanned += len(expected) == 2
+    assert spanned == 8  # every rollout of steps 1 and 2 spanned an update
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["async/versions_spanned_max"] for r in train] == [1.0, 2.0, 2.0]
+    assert [r["async/staleness_1"] for r in train] == [0.0, 4.0, 4.0]
+    assert [r["async/dropped_groups"] for r in train] == [0.0] * 3
+    assert train[-1]["async/groups_left_over"] == 0.0
+    assert all(r["time/trainer_idle_s"] >= 0 and r["time/engine_idle_s"] >= 0 for r in train)
+
+
+def test_a_group_over_the_bound_is_dropped_whole_and_counted_never_trained(
+    toy_model, scripted_engine, tmp_path
+):
+    make, _ = scripted_engine
+    trainer, environment = scripted_run(toy_model, tmp_path / "run", make())
+    straggler = trainer.tasks_for_step(0)[0].id
+    # one member of one of step 0's groups waits until version 2: its group is then 2 versions old
+    environment.wait_for = lambda episode: 2 if (episode.task.id, episode.sample) == (straggler, 0) else None
+    trainer.train()
+
+    check_bound_and_whole_groups(trainer)
+    trained = [(result.task_id, result.sample) for _, _, results in trainer.trained for result in results]
+    assert (straggler, 1) not in trained and (straggler, 0) not in trained  # neither member: whole
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert sum(r["async/dropped_groups"] for r in train) == 1.0
+    assert sum(r["async/groups_trained"] for r in train) == 5.0
+    assert train[-1]["async/groups_left_over"] == 0.0
