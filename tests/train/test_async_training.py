@@ -12,14 +12,14 @@ import pytest
 import torch
 from strands import tool
 from test_trainer import toy_config
-from train_toy_env import FirstToken, save_toy_model
+from train_toy_env import FirstToken, SimulatedKill, save_toy_model
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode
 from agentboost.envs.task import Task
 from agentboost.rollout.results import read_results
-from agentboost.train.async_collect import AsyncCollector, staleness
+from agentboost.train.async_collect import staleness
 from agentboost.train.logging import read_metrics
 from agentboost.train.trainer import Trainer
 
@@ -102,8 +102,8 @@ def test_max_staleness_0_through_the_async_path_is_the_synchronous_trainer_bit_f
 
 
 class Waits(Environment):
-    """Each rollout: a tool call, the tool (which waits for the policy version ``wait_for`` names), an
-    answer. Rewards differ within a group (sample parity), so groups carry a signal."""
+    """Each rollout: a tool call, the tool (which waits until ``until(episode)`` holds, when it names a
+    condition), an answer. Rewards differ within a group (sample parity), so groups carry a signal."""
 
     name = "waits"
     system_prompt = "Call the tool, then answer."
@@ -111,22 +111,20 @@ class Waits(Environment):
     limits = RolloutLimits(max_turns=4)
 
     def __init__(self) -> None:
-        self.collector: AsyncCollector | None = None
-        self.wait_for: Callable[[Episode], int | None] = lambda episode: None
+        self.until: Callable[[Episode], Callable[[], bool] | None] = lambda episode: None
 
     def tasks(self, n=None, *, seed=0, split="train"):
         return [Task(f"{split}-{index}", f"task {index}") for index in range(8 if n is None else n)]
 
     def tools(self, episode):
-        environment = self
+        condition = self.until(episode)
 
         @tool
         async def wait() -> str:
             """Wait for the world."""
-            target = environment.wait_for(episode)
             deadline = time.monotonic() + 30
-            while target is not None and environment.collector.version < target:
-                assert time.monotonic() < deadline, "the trainer never reached the version"
+            while condition is not None and not condition():
+                assert time.monotonic() < deadline, "the condition never held"
                 await asyncio.sleep(0.005)
             return "ok"
 
@@ -142,7 +140,6 @@ class ScriptedTrainer(Trainer):
     def __init__(self, config, *, environment, engine) -> None:
         self.scripted = engine
         super().__init__(config, environment=environment)
-        environment.collector = self._async
         self.trained: list[tuple[int, list, list]] = []
 
     def _make_engine(self):
@@ -171,7 +168,7 @@ def scripted_engine(qwen_tokenizer, say):
     return make, call
 
 
-def scripted_run(toy_model, tmp_path, engine, *, steps=3, **rollout):
+def scripted_run(toy_model, tmp_path, engine, *, steps=3, checkpoint=None, **rollout):
     environment = Waits()
     config = toy_config(
         toy_model,
@@ -179,7 +176,7 @@ def scripted_run(toy_model, tmp_path, engine, *, steps=3, **rollout):
         environment={"train_tasks": 8},
         rollout={"tasks_per_step": 2, "group_size": 2, "max_staleness": 1, **rollout},
         steps=steps,
-        checkpoint={"every": 0, "save_final_model": False},
+        checkpoint={"every": 0, "save_final_model": False, **(checkpoint or {})},
     )
     return ScriptedTrainer(config, environment=environment, engine=engine), environment
 
@@ -196,9 +193,17 @@ def test_partial_rollouts_continue_on_new_weights_keeping_their_prefix_and_every
     make, call = scripted_engine
     trainer, environment = scripted_run(toy_model, tmp_path / "run", make())
     origin = {task.id: step for step in range(3) for task in trainer.tasks_for_step(step)}
-    # a rollout of step t >= 1 waits in its tool until the policy is at version t: started on version
-    # t-1 (collected one step ahead), its first turn is generated there, its answer after the update
-    environment.wait_for = lambda episode: origin[episode.task.id] or None
+    collector, engine = trainer._async, trainer.scripted
+
+    def until(episode):
+        if origin[episode.task.id] == 0:  # step 0's tools wait for the first turns of steps 0 and 1
+            return lambda: engine.calls >= 8
+        # a rollout of step t >= 1 waits in its tool for version t: collected one step ahead, its first
+        # turn ran on version t-1 (step 2's: on 1, or on 2 when it started after update 1), its answer
+        # on t, after the update
+        return lambda: collector.version >= origin[episode.task.id]
+
+    environment.until = until
     trainer.train()
 
     check_bound_and_whole_groups(trainer)
@@ -206,6 +211,7 @@ def test_partial_rollouts_continue_on_new_weights_keeping_their_prefix_and_every
     for step, _, results in trainer.trained:
         for result in results:
             trajectory = result.trajectory
+            assert origin[result.task_id] == step
             first, second = (s for s in trajectory.segments if s.role == "assistant")
             assert trajectory.token_ids[first.start : first.end] == call  # the prefix kept, as generated
             assert trajectory.logprobs[first.start : first.end] == [-0.25] * len(call)
@@ -213,13 +219,13 @@ def test_partial_rollouts_continue_on_new_weights_keeping_their_prefix_and_every
             assert all(versions[i] is None for i, kept in enumerate(trajectory.loss_mask) if not kept)
             assert all(versions[i] == first.weight_version for i in range(first.start, first.end))
             assert all(versions[i] == second.weight_version for i in range(second.start, second.end))
-            expected = [origin[result.task_id]] if step == 0 else [step - 1, step]
-            assert trajectory.weight_versions == expected
-            spanned += len(expected) == 2
-    assert spanned == 8  # every rollout of steps 1 and 2 spanned an update
+            expected = {0: [[0]], 1: [[0, 1]], 2: [[1, 2], [2]]}[step]
+            assert trajectory.weight_versions in expected
+            spanned += len(trajectory.weight_versions) == 2
+    assert spanned >= 4  # every rollout of step 1 spanned an update (step 2's, when they started before it)
     train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
-    assert [r["async/versions_spanned_max"] for r in train] == [1.0, 2.0, 2.0]
-    assert [r["async/staleness_1"] for r in train] == [0.0, 4.0, 4.0]
+    assert [r["async/versions_spanned_max"] for r in train][:2] == [1.0, 2.0]
+    assert [r["async/staleness_1"] for r in train][:2] == [0.0, 4.0]
     assert [r["async/dropped_groups"] for r in train] == [0.0] * 3
     assert train[-1]["async/groups_left_over"] == 0.0
     assert all(r["time/trainer_idle_s"] >= 0 and r["time/engine_idle_s"] >= 0 for r in train)
@@ -232,7 +238,10 @@ def test_a_group_over_the_bound_is_dropped_whole_and_counted_never_trained(
     trainer, environment = scripted_run(toy_model, tmp_path / "run", make())
     straggler = trainer.tasks_for_step(0)[0].id
     # one member of one of step 0's groups waits until version 2: its group is then 2 versions old
-    environment.wait_for = lambda episode: 2 if (episode.task.id, episode.sample) == (straggler, 0) else None
+    collector = trainer._async
+    environment.until = lambda episode: (
+        (lambda: collector.version >= 2) if (episode.task.id, episode.sample) == (straggler, 0) else None
+    )
     trainer.train()
 
     check_bound_and_whole_groups(trainer)
@@ -242,3 +251,34 @@ def test_a_group_over_the_bound_is_dropped_whole_and_counted_never_trained(
     assert sum(r["async/dropped_groups"] for r in train) == 1.0
     assert sum(r["async/groups_trained"] for r in train) == 5.0
     assert train[-1]["async/groups_left_over"] == 0.0
+
+
+class KilledAtStep(ScriptedTrainer):
+    """Dies once step ``kill_at``'s metrics are logged, before its checkpoint (as SIGKILL would)."""
+
+    kill_at = 1
+
+    def finished_step(self, step, metrics):
+        if step == self.kill_at:
+            raise SimulatedKill()
+
+
+def test_an_interrupted_async_run_resumes_and_collects_again_what_it_had_collected_ahead(
+    toy_model, scripted_engine, tmp_path
+):
+    make, _ = scripted_engine
+    killed, _ = scripted_run(toy_model, tmp_path / "run", make(), checkpoint={"every": 1})
+    killed.__class__ = KilledAtStep
+    with pytest.raises(SimulatedKill):
+        killed.train()
+    assert [path.name for path in killed.checkpoints()] == ["step_000001"]
+
+    resumed, _ = scripted_run(toy_model, tmp_path / "run", make(), checkpoint={"every": 1})
+    summary = resumed.train()
+    assert summary.steps == 3 and summary.resumed_from == 1
+    assert [step for step, _, _ in resumed.trained] == [1, 2]
+    check_bound_and_whole_groups(resumed)
+    # what the killed run had collected ahead (partly on weights the checkpoint lacks) was collected
+    # again, on the checkpoint's weights or later
+    for _, _, results in resumed.trained:
+        assert all(result.trajectory.weight_versions[0] >= 1 for result in results)
