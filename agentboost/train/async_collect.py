@@ -243,8 +243,11 @@ class AsyncCollector:
         self.gate: WeightGate = self.loop.run(_make_gate())
         self.version = 0
         """The policy version the engine serves: training steps applied to its weights."""
-        self.shares_weights = not trainer.config.rollout.vllm_url
-        """The embedded engine reads the trainer's tensors: the whole update holds the gate."""
+        from agentboost.engines.embedded.engine import LocalEngine
+
+        self.shares_weights = isinstance(trainer.engine, LocalEngine)
+        """The embedded engine reads the trainer's tensors: the whole update holds the gate. Others
+        (vLLM servers, a scripted engine) hold their own weights: only the weight push holds it."""
         self.engine = VersionedEngine(trainer.engine, self.gate, lambda: self.version)
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.max_staleness + 1, thread_name_prefix="agentboost-collect"
