@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentboost.engines.base import Engine, Generation, RolloutKey, SamplingParams
+from agentboost.memory import peak_resident_bytes, resident_bytes
 
 if TYPE_CHECKING:
     from agentboost.envs.base import RolloutResult
@@ -372,6 +373,8 @@ class AsyncCollector:
                 "time/step_s": step_seconds,
                 "time/trainer_idle_s": waited + gate_wait,
                 "time/engine_idle_s": engine_idle,
+                "memory/peak_gib": peak_resident_bytes() / 2**30,
+                "memory/resident_gib": resident_bytes() / 2**30,
                 "rollout/tokens_per_second": sum(r.trajectory.generated_tokens for r in results)
                 / max(step_seconds, 1e-9),
             }

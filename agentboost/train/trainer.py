@@ -38,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -48,6 +48,7 @@ from agentboost.errors import ConfigError
 from agentboost.memory import peak_resident_bytes, resident_bytes, trim_heap
 from agentboost.rollout.spec import RunSpec
 from agentboost.train import algorithms, schedule
+from agentboost.train.async_collect import AsyncCollector, VersionedEngine, WeightGate
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
@@ -55,9 +56,6 @@ from agentboost.train.collect import collect_rollouts, result_metrics, step_resu
 from agentboost.train.config import TrainConfig
 from agentboost.train.logging import step_line
 from agentboost.train.loop import TrainingLoop
-
-if TYPE_CHECKING:
-    from agentboost.train.async_collect import AsyncCollector
 from agentboost.train.policy import (
     PolicyModel,
     load_policy,
@@ -129,8 +127,6 @@ class Trainer(TrainingLoop):
         self._rollout_loop: Any = asyncio.Runner()  # every collection's event loop: the engine's connections
         self._async: AsyncCollector | None = None
         if config.rollout.is_async:  # rollouts run ahead of the updates, in a loop of their own thread
-            from agentboost.train.async_collect import AsyncCollector
-
             self._async = AsyncCollector(self)
             self._rollout_loop = self._async.loop
         self._closed = False
@@ -255,14 +251,20 @@ class Trainer(TrainingLoop):
         return {"time/weight_sync_s": time.perf_counter() - started}
 
     def _collect(
-        self, path: Path, tasks: Sequence[Any], spec: RunSpec, on_result: Callable[[RolloutResult], None]
+        self,
+        path: Path,
+        tasks: Sequence[Any],
+        spec: RunSpec,
+        on_result: Callable[[RolloutResult], None],
+        engine: Any = None,
     ) -> list[RolloutResult]:
-        """Run ``tasks x spec.samples`` rollouts on the current weights; results in job order."""
+        """Run ``tasks x spec.samples`` rollouts on the current weights; results in job order.
+        ``engine``: what the rollouts generate through (default: the trainer's engine)."""
         self.sync_weights()  # no-op when the step already synced
         self.model.eval()
         return collect_rollouts(
             self.environment,
-            self.engine,
+            self.engine if engine is None else engine,
             self.tokenizer,
             spec,
             tasks,
@@ -326,12 +328,14 @@ class Trainer(TrainingLoop):
         return {**metrics, "eval/seconds": time.perf_counter() - started}
 
     def collect(self, step: int, *, bar: Any = None) -> list[RolloutResult]:
-        """The step's group rollouts, sampled by the engine from the current weights."""
+        """The step's group rollouts, sampled by the engine from the current weights; their tokens
+        tagged with the policy version ``step`` (as the asynchronous collector tags them)."""
         return self._collect(
             self.run_dir / "rollouts" / f"step_{step:06d}.jsonl",
             self.tasks_for_step(step),
             self.run_spec(step=step),
             self._phase(bar, f"rollouts @{step}"),
+            engine=VersionedEngine(self.engine, WeightGate(), lambda: step),
         )
 
     def train_step(self, step: int, *, bar: Any = None) -> dict[str, float]:

@@ -38,7 +38,7 @@ def target(qwen_tokenizer) -> int:
 
 def rollouts(run_dir, step):
     return sorted(
-        (r.task_id, r.sample, r.trajectory.token_ids, r.reward)
+        (r.task_id, r.sample, r.trajectory.token_ids, r.trajectory.weight_versions, r.reward)
         for r in read_results(run_dir / "rollouts" / f"step_{step:06d}.jsonl")
     )
 
@@ -77,8 +77,9 @@ def test_max_staleness_0_through_the_async_path_is_the_synchronous_trainer_bit_f
             logprobs(tmp_path / "sync", step), abs=1e-5
         )
         # every generated token carries the version that made it: step s's rollouts ran on version s
-        for result in read_results(tmp_path / "async" / "rollouts" / f"step_{step:06d}.jsonl"):
-            assert result.trajectory.weight_versions == [step]
+        for run in ("sync", "async"):
+            for result in read_results(tmp_path / run / "rollouts" / f"step_{step:06d}.jsonl"):
+                assert result.trajectory.weight_versions == [step]
     train = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["async/staleness_0"] for r in train] == [16.0, 16.0]
     assert [r["async/dropped_groups"] for r in train] == [0.0, 0.0]
