@@ -13,7 +13,9 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     loss_mask      1 where the policy generated the token, else 0 (same length as token_ids)
     logprobs       the engine's log-probability where loss_mask is 1, null elsewhere
     segments       contiguous spans [start, end) of token_ids: role (prompt | assistant | tool |
-                   user | template), turn index, finish_reason and parse_errors for assistant spans
+                   user | template), turn index, finish_reason and parse_errors for assistant spans,
+                   and weight_version (the policy version that generated the span) when the trainer
+                   tagged it
     termination    {"reason": one of TerminationReason, "detail": str | null}
     metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
                    latency_s, engine_s

@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentboost.engines.base import Engine, Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Engine, Generation, RolloutKey, RolloutView, SamplingParams
 from agentboost.memory import peak_resident_bytes, resident_bytes
 
 if TYPE_CHECKING:
@@ -147,9 +147,9 @@ class VersionedEngine:
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
     ) -> Generation:
-        return await self._tagged(self.engine, prompt_ids, sampling, max_new_tokens)
+        return await self.generate_through(self.engine, prompt_ids, sampling, max_new_tokens)
 
-    async def _tagged(
+    async def generate_through(
         self, engine: Engine, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
     ) -> Generation:
         async with self.gate.generation():
@@ -158,8 +158,9 @@ class VersionedEngine:
         generation.metrics["weight_version"] = float(version)
         return generation
 
-    def bind(self, rollout: RolloutKey) -> _VersionedView:
-        return _VersionedView(self, self.engine.bind(rollout))
+    def bind(self, rollout: RolloutKey) -> RolloutView:
+        """The wrapped engine's view of ``rollout`` (its server kept), its generations gated and tagged."""
+        return RolloutView(self, self.engine.bind(rollout))
 
     def unbind(self, rollout: RolloutKey) -> None:
         self.engine.unbind(rollout)
@@ -171,32 +172,6 @@ class VersionedEngine:
 
     async def aclose(self) -> None:
         """Nothing of its own: the trainer closes the engine."""
-
-
-class _VersionedView:
-    """One rollout's view: the wrapped engine's own view (its server kept), its generations gated."""
-
-    def __init__(self, owner: VersionedEngine, view: Engine) -> None:
-        self.owner = owner
-        self.view = view
-
-    @property
-    def context_length(self) -> int | None:
-        return self.owner.context_length
-
-    async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
-    ) -> Generation:
-        return await self.owner._tagged(self.view, prompt_ids, sampling, max_new_tokens)
-
-    def bind(self, rollout: RolloutKey) -> _VersionedView:
-        return self.owner.bind(rollout)
-
-    def unbind(self, rollout: RolloutKey) -> None:
-        self.owner.unbind(rollout)
-
-    async def aclose(self) -> None:
-        await self.view.aclose()
 
 
 # --- staleness: one rule ---------------------------------------------------------------------------
