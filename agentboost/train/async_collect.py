@@ -243,6 +243,7 @@ class AsyncCollector:
                 collection = _Collection(origin)
                 self._collections[origin] = collection
                 collection.future = self._threads.submit(self._collect, collection)
+                collection.future.add_done_callback(lambda _: self._notify())
 
     def _collect(self, collection: _Collection) -> list[RolloutResult]:
         from agentboost.train.collect import collect_rollouts
@@ -250,23 +251,24 @@ class AsyncCollector:
         trainer, origin = self.trainer, collection.step
         tasks = trainer.tasks_for_step(origin)
         order = {task.id: position for position, task in enumerate(tasks)}
-        try:
-            results = collect_rollouts(
-                trainer.environment,
-                self.engine,
-                trainer.tokenizer,
-                trainer.run_spec(step=origin),
-                tasks,
-                trainer.run_dir / "rollouts" / f"step_{origin:06d}.jsonl",
-                on_result=lambda result: self._arrived(collection, result, order),
-                run=self.loop.run,
-            )
-            for result in results:  # results read back from a resumed file were never announced
-                self._arrived(collection, result, order)
-            return results
-        finally:
-            with self._changed:
-                self._changed.notify_all()
+        results = collect_rollouts(
+            trainer.environment,
+            self.engine,
+            trainer.tokenizer,
+            trainer.run_spec(step=origin),
+            tasks,
+            trainer.run_dir / "rollouts" / f"step_{origin:06d}.jsonl",
+            on_result=lambda result: self._arrived(collection, result, order),
+            run=self.loop.run,
+        )
+        for result in results:  # results read back from a resumed file were never announced
+            self._arrived(collection, result, order)
+        return results
+
+    def _notify(self) -> None:
+        """A collection ended: wake the trainer waiting in :meth:`take`."""
+        with self._changed:
+            self._changed.notify_all()
 
     def _arrived(self, collection: _Collection, result: RolloutResult, order: dict[str, int]) -> None:
         group_size = self.trainer.config.rollout.group_size
