@@ -18,8 +18,11 @@ from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment, Episode
 from agentboost.envs.task import Task
+from agentboost.errors import ConfigError
 from agentboost.rollout.results import read_results
+from agentboost.tokens.trajectory import Trajectory
 from agentboost.train.async_collect import staleness
+from agentboost.train.config import config_from_dict
 from agentboost.train.logging import read_metrics
 from agentboost.train.trainer import Trainer
 
@@ -283,3 +286,28 @@ def test_an_interrupted_async_run_resumes_and_collects_again_what_it_had_collect
     # again, on the checkpoint's weights or later
     for _, _, results in resumed.trained:
         assert all(result.trajectory.weight_versions[0] >= 1 for result in results)
+
+
+def test_the_settings_say_what_is_wrong_and_stale_data_gets_a_clipped_correction(tmp_path):
+    def config(**rollout):
+        return config_from_dict({"rollout": rollout, "output_dir": str(tmp_path)})
+
+    with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
+        config(max_staleness=-1)
+    with pytest.raises(ConfigError, match="needs the asynchronous collector"):
+        config(max_staleness=2, asynchronous=False)
+    assert not config().rollout.is_async and config(max_staleness=1).rollout.is_async
+    assert config(asynchronous=True).rollout.is_async  # max_staleness 0 through the async path
+    algorithm = config().algorithm
+    assert algorithm.correction(exact=True).correction == "none"
+    assert algorithm.correction(exact=True, stale=True).correction == "icepop"  # masked outside the band
+
+
+def test_a_segment_without_a_version_is_stored_as_before(scripted_trajectory):
+    data = scripted_trajectory.to_dict()
+    assert all("weight_version" not in segment for segment in data["segments"])
+    tagged = Trajectory.from_dict(data)
+    tagged.segments[1].weight_version = 3
+    again = Trajectory.from_dict(tagged.to_dict())
+    assert again.segments[1].weight_version == 3 and again.weight_versions == [3]
+    assert again.token_versions()[again.segments[1].start] == 3
