@@ -116,12 +116,14 @@ async def generate_turn(
     recorded = [error.kind for error in errors]
     if unclosed:
         recorded.append("unclosed_think")
+    version = generation.metrics.get("weight_version")
     buffer.append_generation(
         ids,
         logprobs,
         # a turn ended by a stop string has no stop token: the template closes it (mask 0)
         finish_reason="stop_string" if stop_string is not None else finish_reason,
         parse_errors=recorded,
+        weight_version=None if version is None else int(version),
     )
     metrics = {key: generation.metrics[key] for key in SUMMED_ENGINE_METRICS if key in generation.metrics}
     return GeneratedTurn(

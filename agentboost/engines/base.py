@@ -196,6 +196,36 @@ class OneBackend:
         return None
 
 
+class RolloutView:
+    """One rollout's view of an engine that wraps another (``owner``): the wrapped engine's own view
+    (a remote engine's server kept for the rollout), each generation through
+    ``owner.generate_through(view, ...)``, where the wrapper adds what it adds (a weight version, a
+    check). Binding and unbinding go to the owner; closing releases this view only."""
+
+    def __init__(self, owner: Any, view: Engine) -> None:
+        self.owner = owner
+        self.view = view
+
+    @property
+    def context_length(self) -> int | None:
+        return self.owner.context_length  # type: ignore[no-any-return]
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
+    ) -> Generation:
+        return await self.owner.generate_through(self.view, prompt_ids, sampling, max_new_tokens)  # type: ignore[no-any-return]
+
+    def bind(self, rollout: RolloutKey) -> Any:
+        return self.owner.bind(rollout)
+
+    def unbind(self, rollout: RolloutKey) -> None:
+        self.owner.unbind(rollout)
+
+    async def aclose(self) -> None:
+        """Release this rollout's binding only (the engine stays open)."""
+        await self.view.aclose()
+
+
 def protocol_members(protocol: type) -> tuple[str, ...]:
     """The public methods and properties ``protocol`` and the protocols it extends declare, sorted."""
     names: set[str] = set()

@@ -1,12 +1,18 @@
-"""A zero-latency engine that replays scripted token ids: for tests, benchmarks and demos."""
+"""An engine that replays scripted token ids (zero latency, or a scripted one): for tests, benchmarks
+and demos."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
 from agentboost.errors import EngineError
+
+if TYPE_CHECKING:
+    from agentboost.engines.embedded.prefix_cache import PrefixCacheStats
 
 Script = Callable[[Sequence[int], int], Sequence[int]]
 """``script(prompt_ids, call_index) -> ids`` to return for that call."""
@@ -17,7 +23,10 @@ class ScriptedEngine:
 
     Log-probabilities are a constant (``logprob``), so ids, mask and alignment can be checked
     without a model. ``responses`` is either a sequence used in order (cycling when ``cycle``) or a
-    callable that sees the prompt.
+    callable that sees the prompt. ``delay(prompt_ids, call_index)``: seconds each call waits before it
+    answers (a simulated latency; none by default). It meets
+    :class:`~agentboost.engines.base.TrainableEngine` too (its weights: nothing; ``weight_version``
+    counts the syncs), so a trainer can run on it.
     """
 
     def __init__(
@@ -27,6 +36,7 @@ class ScriptedEngine:
         cycle: bool = False,
         context_length: int | None = None,
         logprob: float = -0.5,
+        delay: Callable[[Sequence[int], int], float] | None = None,
     ) -> None:
         if callable(responses):
             self._script: Script = responses
@@ -43,6 +53,8 @@ class ScriptedEngine:
             self._script = replay
         self._context_length = context_length
         self._logprob = logprob
+        self._delay = delay
+        self.weight_version = 0
         self.calls = 0
         self.prompts: list[list[int]] = []
         self.record_prompts = False
@@ -66,6 +78,8 @@ class ScriptedEngine:
         self.calls += 1
         if self.record_prompts:
             self.prompts.append(list(prompt_ids))
+        if self._delay is not None:
+            await asyncio.sleep(self._delay(prompt_ids, index))
         ids = list(self._script(prompt_ids, index))
         finish = "length"
         stops = sampling.stop_token_ids
@@ -83,6 +97,18 @@ class ScriptedEngine:
             finish_reason=finish,
             prompt_tokens=len(prompt_ids),
         )
+
+    def sync_weights(self) -> int:
+        self.weight_version += 1
+        return self.weight_version
+
+    def release_memory(self) -> None:
+        return None
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        from agentboost.engines.embedded.prefix_cache import PrefixCacheStats
+
+        return PrefixCacheStats()
 
     async def aclose(self) -> None:
         return None

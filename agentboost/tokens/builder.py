@@ -142,8 +142,10 @@ class TokenBuffer:
         *,
         finish_reason: str | None,
         parse_errors: Sequence[str] = (),
+        weight_version: int | None = None,
     ) -> None:
-        """Append the model's own ids verbatim: loss mask 1, with their logprobs."""
+        """Append the model's own ids verbatim: loss mask 1, with their logprobs (and the policy version
+        that generated them, when the engine tagged it)."""
         if len(ids) != len(logprobs):
             raise InvalidGenerationError(
                 f"{len(ids)} generated ids but {len(logprobs)} logprobs; the engine must return one per id"
@@ -153,7 +155,15 @@ class TokenBuffer:
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(float(value) for value in logprobs)
         self.segments.append(
-            Segment("assistant", start, len(self.token_ids), self.turn, finish_reason, list(parse_errors))
+            Segment(
+                "assistant",
+                start,
+                len(self.token_ids),
+                self.turn,
+                finish_reason,
+                list(parse_errors),
+                weight_version,
+            )
         )
         self.turn += 1
 

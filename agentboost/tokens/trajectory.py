@@ -13,7 +13,9 @@ JSON form (``format: "agentboost.trajectory"``, ``version: 1``), one object per 
     loss_mask      1 where the policy generated the token, else 0 (same length as token_ids)
     logprobs       the engine's log-probability where loss_mask is 1, null elsewhere
     segments       contiguous spans [start, end) of token_ids: role (prompt | assistant | tool |
-                   user | template), turn index, finish_reason and parse_errors for assistant spans
+                   user | template), turn index, finish_reason and parse_errors for assistant spans,
+                   and weight_version (the policy version that generated the span) when the trainer
+                   tagged it
     termination    {"reason": one of TerminationReason, "detail": str | null}
     metrics        turns, tool_calls, parse_errors, generated_tokens, prompt_tokens, total_tokens,
                    latency_s, engine_s
@@ -143,6 +145,16 @@ class Segment:
     turn: int
     finish_reason: str | None = None
     parse_errors: list[str] = field(default_factory=list)
+    weight_version: int | None = None
+    """An assistant segment's policy version: the trainer's update count of the weights that generated
+    every one of its tokens (a generation never straddles a weight update); None when not tagged."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The segment as stored (``weight_version`` only when tagged: older files stay as they were)."""
+        data = asdict(self)
+        if self.weight_version is None:
+            del data["weight_version"]
+        return data
 
 
 @dataclass
@@ -206,6 +218,28 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    def token_versions(self) -> list[int | None]:
+        """Per token: the policy version that generated it (its assistant segment's), None for tokens
+        the policy did not generate or that were not tagged."""
+        versions: list[int | None] = [None] * len(self.token_ids)
+        for segment in self.segments:
+            if segment.role == "assistant" and segment.weight_version is not None:
+                versions[segment.start : segment.end] = [segment.weight_version] * (
+                    segment.end - segment.start
+                )
+        return versions
+
+    @property
+    def weight_versions(self) -> list[int]:
+        """The distinct policy versions of the generated tokens, oldest first ([] when untagged)."""
+        return sorted(
+            {
+                s.weight_version
+                for s in self.segments
+                if s.role == "assistant" and s.weight_version is not None
+            }
+        )
+
     @property
     def final_text(self) -> str:
         """The visible content of the last assistant turn the policy generated ('' if there is none).
@@ -232,7 +266,7 @@ class Trajectory:
             "metrics": self.metrics,
             "info": self.info,
             "messages": self.messages,
-            "segments": [asdict(segment) for segment in self.segments],
+            "segments": [segment.to_dict() for segment in self.segments],
             "token_ids": self.token_ids,
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,

@@ -145,6 +145,20 @@ class RolloutConfig:
     engine_memory_gib: float | None = None
     """GiB of KV the embedded engine may hold: its running batch and prefix cache together (None: the
     engine's 2 GiB). A smaller budget runs fewer rollouts' decode steps at once, never different ones."""
+    max_staleness: int = 0
+    """Asynchronous training: how many policy versions a trajectory may lag the weights it is trained
+    on, counted from its OLDEST generated token (version = training steps applied to the weights that
+    generated it). 0 (the default): today's synchronous loop, collect then update. ``k > 0``: the next
+    ``k`` steps' rollouts are collected while the current step trains; a group whose staleness exceeds
+    ``k`` when the trainer reaches it is dropped whole and counted (``async/*``; docs/training.md)."""
+    asynchronous: bool | None = None
+    """Run the asynchronous collector (None: when ``max_staleness > 0``). ``true`` with
+    ``max_staleness: 0`` runs its code path with no look-ahead: the synchronous trainer, bit for bit."""
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the asynchronous collector (agentboost/train/async_collect.py) collects the rollouts."""
+        return self.max_staleness > 0 if self.asynchronous is None else self.asynchronous
 
     def problems(self) -> list[str]:
         environments = "(or null for the environment's)"
@@ -178,6 +192,12 @@ class RolloutConfig:
                     self.engine_memory_gib is None
                     or (math.isfinite(self.engine_memory_gib) and self.engine_memory_gib > 0),
                     "rollout.engine_memory_gib must be a finite number of GiB > 0 (or null for 2 GiB)",
+                ),
+                (self.max_staleness >= 0, "rollout.max_staleness must be >= 0 (0: synchronous training)"),
+                (
+                    self.asynchronous is not False or self.max_staleness == 0,
+                    "rollout.max_staleness > 0 needs the asynchronous collector: drop "
+                    "rollout.asynchronous=false (or set max_staleness to 0)",
                 ),
             ]
         )
@@ -252,14 +272,17 @@ class AlgorithmConfig:
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """How the gap between the engine that sampled and the trainer's forward is corrected."""
 
-    def correction(self, *, exact: bool) -> OffPolicyConfig:
-        """The off-policy correction in force, ``auto`` resolved: none when the run is ``exact`` (float32),
-        ``icepop`` otherwise; the older ``tis_cap`` is ``tis`` with that cap."""
+    def correction(self, *, exact: bool, stale: bool = False) -> OffPolicyConfig:
+        """The off-policy correction in force, ``auto`` resolved: none when the run is ``exact`` (float32)
+        and trains on fresh rollouts only, ``icepop`` otherwise (bfloat16 compute, or ``stale``: an
+        asynchronous run with ``rollout.max_staleness > 0``, whose tokens outside the ratio band are
+        masked: a trust region, never an unclipped importance weight); the older ``tis_cap`` is ``tis``
+        with that cap."""
         chosen = self.off_policy
         if self.tis_cap is not None and chosen.correction in ("auto", "none"):
             return dataclasses.replace(chosen, correction="tis", cap=self.tis_cap)
         if chosen.correction == "auto":
-            return dataclasses.replace(chosen, correction="none" if exact else "icepop")
+            return dataclasses.replace(chosen, correction="none" if exact and not stale else "icepop")
         return chosen
 
     def problems(self) -> list[str]:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import copy
 import math
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ from agentboost.errors import ConfigError
 from agentboost.memory import peak_resident_bytes, resident_bytes, trim_heap
 from agentboost.rollout.spec import RunSpec
 from agentboost.train import algorithms, schedule
+from agentboost.train.async_collect import AsyncCollector, VersionedEngine, WeightGate
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
@@ -122,7 +124,11 @@ class Trainer(TrainingLoop):
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
         self.engine: TrainableEngine = check_engine(self._make_engine(), TrainableEngine)
         self._weights_changed = True  # the engine may hold other weights than the trainer's start
-        self._rollout_loop = asyncio.Runner()  # every collection's event loop: the engine's connections
+        self._rollout_loop: Any = asyncio.Runner()  # every collection's event loop: the engine's connections
+        self._async: AsyncCollector | None = None
+        if config.rollout.is_async:  # rollouts run ahead of the updates, in a loop of their own thread
+            self._async = AsyncCollector(self)
+            self._rollout_loop = self._async.loop
         self._closed = False
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_tasks = list(
@@ -245,14 +251,20 @@ class Trainer(TrainingLoop):
         return {"time/weight_sync_s": time.perf_counter() - started}
 
     def _collect(
-        self, path: Path, tasks: Sequence[Any], spec: RunSpec, on_result: Callable[[RolloutResult], None]
+        self,
+        path: Path,
+        tasks: Sequence[Any],
+        spec: RunSpec,
+        on_result: Callable[[RolloutResult], None],
+        engine: Any = None,
     ) -> list[RolloutResult]:
-        """Run ``tasks x spec.samples`` rollouts on the current weights; results in job order."""
+        """Run ``tasks x spec.samples`` rollouts on the current weights; results in job order.
+        ``engine``: what the rollouts generate through (default: the trainer's engine)."""
         self.sync_weights()  # no-op when the step already synced
         self.model.eval()
         return collect_rollouts(
             self.environment,
-            self.engine,
+            self.engine if engine is None else engine,
             self.tokenizer,
             spec,
             tasks,
@@ -282,8 +294,12 @@ class Trainer(TrainingLoop):
             return
         self._closed = True
         try:
+            if self._async is not None:
+                self._async.stop_collections()
             self._rollout_loop.run(self.engine.aclose())
         finally:
+            if self._async is not None:
+                self._async.close()
             self._rollout_loop.close()
 
     def postfix(self, metrics: dict[str, float]) -> str:
@@ -312,16 +328,21 @@ class Trainer(TrainingLoop):
         return {**metrics, "eval/seconds": time.perf_counter() - started}
 
     def collect(self, step: int, *, bar: Any = None) -> list[RolloutResult]:
-        """The step's group rollouts, sampled by the engine from the current weights."""
+        """The step's group rollouts, sampled by the engine from the current weights; their tokens
+        tagged with the policy version ``step`` (as the asynchronous collector tags them)."""
         return self._collect(
             self.run_dir / "rollouts" / f"step_{step:06d}.jsonl",
             self.tasks_for_step(step),
             self.run_spec(step=step),
             self._phase(bar, f"rollouts @{step}"),
+            engine=VersionedEngine(self.engine, WeightGate(), lambda: step),
         )
 
     def train_step(self, step: int, *, bar: Any = None) -> dict[str, float]:
-        """Sync the weights, collect, then update. Returns the step's metrics."""
+        """Sync the weights, collect, then update. Returns the step's metrics. Asynchronous
+        (``rollout.max_staleness``): the collector's step (agentboost/train/async_collect.py)."""
+        if self._async is not None:
+            return self._async.train_step(step, bar=bar)
         started = time.perf_counter()
         synced = self.sync_weights()  # the step's one weight sync, before any of its rollouts
         cache_mark = self.engine.prefix_cache_stats()
@@ -353,17 +374,22 @@ class Trainer(TrainingLoop):
             bar.set_description_str("train", refresh=True)
         return metrics
 
-    def make_samples(self, results: Sequence[RolloutResult]) -> tuple[list[Sample], dict[str, float]]:
+    def make_samples(
+        self, results: Sequence[RolloutResult], *, groups: Sequence[Any] | None = None
+    ) -> tuple[list[Sample], dict[str, float]]:
         """Advantages per group. Unscored rollouts are masked (see :func:`step_results`); zero-signal
-        groups counted (maybe dropped)."""
+        groups counted (maybe dropped). ``groups``: each result's group key (default: its task id; the
+        asynchronous collector's may hold one task twice, from two steps)."""
         algorithm = self.config.algorithm
         usable, metrics = step_results(results, max_failed_fraction=self.config.rollout.max_failed_fraction)
-        group_of = {task_id: index for index, task_id in enumerate(dict.fromkeys(r.task_id for r in results))}
+        keys = [r.task_id for r in results] if groups is None else list(groups)
+        key_of = {id(result): key for result, key in zip(results, keys, strict=True)}
+        group_of = {key: index for index, key in enumerate(dict.fromkeys(keys))}
         if not usable:
             metrics.update({"groups/zero_signal_fraction": 1.0, "groups/dropped": float(len(group_of))})
             return [], metrics
         reward_tensor = torch.tensor([float(r.reward) for r in usable])  # [S]
-        group_ids = torch.tensor([group_of[r.task_id] for r in usable])  # [S]
+        group_ids = torch.tensor([group_of[key_of[id(r)]] for r in usable])  # [S]
         zero_signal = algorithms.zero_signal_samples(reward_tensor, group_ids)  # [S] bool
         advantages = algorithms.compute_advantages(
             reward_tensor, group_ids, algorithm.advantage, normalize_std=algorithm.normalize_std
@@ -414,7 +440,7 @@ class Trainer(TrainingLoop):
         updates_per_step = algorithm.epochs * algorithm.mini_batches
         budget = config.optimizer.micro_batch_tokens
         recompute = updates_per_step > 1
-        correction = algorithm.correction(exact=self.precision.exact)
+        correction = algorithm.correction(exact=self.precision.exact, stale=config.rollout.max_staleness > 0)
         if recompute or self.reference is not None:
             self._annotate(samples, old=recompute, sums=sums)
         # the rollouts' cached prefixes go stale with the first optimizer step: free them before the
@@ -590,6 +616,12 @@ class Trainer(TrainingLoop):
         weights and are continued; later ones are deleted. A fresh start deletes them all.
         """
         first_stale = 0 if fresh else step + 1
+        if self._async is not None and not fresh:
+            # collected ahead, partly by weights after the checkpoint's: collected again
+            first_stale = step
+            print(
+                f"agentboost: async resume at step {step}: its rollouts are collected again", file=sys.stderr
+            )
         for folder in ("rollouts", "evals"):
             directory = self.run_dir / folder
             if not directory.exists():

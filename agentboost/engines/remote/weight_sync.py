@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentboost.engines.base import Generation, RolloutKey, SamplingParams
+from agentboost.engines.base import Generation, RolloutKey, RolloutView, SamplingParams
 from agentboost.engines.remote.transport import error_message, normalize_urls
 from agentboost.engines.servers.vllm_server import WORKER_EXTENSION_DIR
 from agentboost.errors import ServersDownError, StaleRolloutError, WeightSyncError
@@ -184,7 +184,7 @@ class SyncedVLLMEngine:
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
     ) -> Generation:
         """Generate on the least-loaded server (rollouts generate through :meth:`bind` instead)."""
-        return await self._tagged(self.engine, prompt_ids, sampling, max_new_tokens)
+        return await self.generate_through(self.engine, prompt_ids, sampling, max_new_tokens)
 
     def bind(self, rollout: RolloutKey) -> _SyncedView:
         """A view that keeps ``rollout`` on one server (:meth:`RemoteEngine.bind`), its generations tagged."""
@@ -219,7 +219,7 @@ class SyncedVLLMEngine:
         """Close the connection pool (call it in the event loop the rollouts ran in)."""
         await self.engine.aclose()
 
-    async def _tagged(
+    async def generate_through(
         self, engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
     ) -> Generation:
         version = self.sync.version
@@ -229,32 +229,9 @@ class SyncedVLLMEngine:
         return generation
 
 
-class _SyncedView:
+class _SyncedView(RolloutView):
     """One rollout's view of a :class:`SyncedVLLMEngine`: its server kept, its generations tagged."""
-
-    def __init__(self, owner: SyncedVLLMEngine, view: Any) -> None:
-        self.owner = owner
-        self.view = view
-
-    @property
-    def context_length(self) -> int | None:
-        return self.owner.context_length
 
     @property
     def server_url(self) -> str | None:
-        return self.view.server_url
-
-    async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_new_tokens: int
-    ) -> Generation:
-        return await self.owner._tagged(self.view, prompt_ids, sampling, max_new_tokens)
-
-    def bind(self, rollout: RolloutKey) -> _SyncedView:
-        return self.owner.bind(rollout)
-
-    def unbind(self, rollout: RolloutKey) -> None:
-        self.owner.unbind(rollout)
-
-    async def aclose(self) -> None:
-        """Release this rollout's binding only (the engine stays open)."""
-        await self.view.aclose()
+        return self.view.server_url  # type: ignore[attr-defined,no-any-return]
