@@ -35,17 +35,22 @@ class ActorResources:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ConfigError(f"ActorResources.{name} must be a finite number, got {value!r}")
             if value < 0 or (positive and value == 0):
-                raise ConfigError(f"ActorResources.{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+                raise ConfigError(
+                    f"ActorResources.{name} must be {'> 0' if positive else '>= 0'}, got {value!r}"
+                )
 
         amount("cpus", self.cpus, positive=False)
         if self.memory_gib is not None:
             amount("memory_gib", self.memory_gib, positive=True)
         if not isinstance(self.custom, Mapping):
-            raise ConfigError(f"ActorResources.custom must map resource names to amounts, got {self.custom!r}")
+            raise ConfigError(
+                f"ActorResources.custom must map resource names to amounts, got {self.custom!r}"
+            )
         for name, value in self.custom.items():
             if not isinstance(name, str) or not name or name in {"CPU", "GPU", "memory"}:
                 raise ConfigError(
-                    f"ActorResources.custom names a cluster's own resources, got {name!r} (use cpus / memory_gib)"
+                    f"ActorResources.custom names a cluster's own resources, got {name!r} "
+                    "(use cpus / memory_gib)"
                 )
             amount(f"custom[{name!r}]", value, positive=True)
         object.__setattr__(self, "custom", dict(self.custom))

@@ -1,4 +1,4 @@
-"""Rollouts on a Ray cluster (``--workers ray``): one actor per node, each an event loop running many rollouts.
+"""Rollouts on a Ray cluster (``--workers ray``): one actor per node, an event loop running many rollouts.
 
 The runner's other executors run rollouts in this process or in worker processes on this machine;
 :class:`RayPool` runs them in Ray actors spread over a cluster's nodes. Each actor builds its
@@ -26,7 +26,13 @@ from typing import Any
 
 from agentboost.envs.base import RolloutResult
 from agentboost.envs.resources import ActorResources
-from agentboost.errors import AgentBoostError, ClusterPreflightError, ConfigError, WorkerCrashed, WorkerSetupError
+from agentboost.errors import (
+    AgentBoostError,
+    ClusterPreflightError,
+    ConfigError,
+    WorkerCrashed,
+    WorkerSetupError,
+)
 from agentboost.rollout.runner import Job
 from agentboost.rollout.spec import RunSpec
 
@@ -151,6 +157,7 @@ class RayPool:
         self._closing = False
         self._changed = asyncio.Event()
         self._replacing: set[asyncio.Task[None]] = set()
+        self._actor_class: Any = None
 
     async def __aenter__(self) -> RayPool:
         try:
@@ -179,7 +186,9 @@ class RayPool:
             )
         except Exception as error:
             where = self.address or os.environ.get("RAY_ADDRESS") or "a local cluster"
-            raise ClusterPreflightError(f"cannot join the Ray cluster at {where}: {_describe(error)}") from None
+            raise ClusterPreflightError(
+                f"cannot join the Ray cluster at {where}: {_describe(error)}"
+            ) from None
         self._owns_ray = True
 
     def _nodes(self) -> list[dict[str, Any]]:
@@ -210,7 +219,9 @@ class RayPool:
         }
         if resources.memory_gib is not None:
             options["memory"] = int(resources.memory_gib * 2**30)
-        handle = self.ray.remote(RolloutActor).options(**options).remote(self.spec.to_dict())
+        if self._actor_class is None:
+            self._actor_class = self.ray.remote(RolloutActor)
+        handle = self._actor_class.options(**options).remote(self.spec.to_dict())
         self.started += 1
         return _Actor(handle)
 
@@ -241,13 +252,15 @@ class RayPool:
         nodes = self._nodes()
         if not nodes:
             raise ClusterPreflightError(
-                f"no node of the Ray cluster offers what one rollout actor needs ({self.resources.summary()}); "
-                "add nodes or lower the environment's resources"
+                "no node of the Ray cluster offers what one rollout actor needs "
+                f"({self.resources.summary()}); add nodes or lower the environment's resources"
             )
         self.concurrency = self.spec.worker_concurrency(len(nodes))
         self._capacity = asyncio.Semaphore(len(nodes) * self.concurrency)
         self.actors = [self._new_actor(node["NodeID"]) for node in nodes]
-        outcomes = await asyncio.gather(*(self._set_up(actor) for actor in self.actors), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(self._set_up(actor) for actor in self.actors), return_exceptions=True
+        )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -112,9 +112,9 @@ async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None
 @asynccontextmanager
 async def executing(run: PreparedRun, *, engine: Any = None, tokenizer: Any = None) -> AsyncIterator[Any]:
     """The run's execution function: actors on a Ray cluster (``--workers ray``), ``spec.workers``
-    worker processes, or this process (the model's tokenizer and engine loaded here, closed on exit). A caller that holds its own ``engine`` and
-    ``tokenizer`` (the trainer: its engine serves the weights being trained) passes them; they are
-    used in this process and left open."""
+    worker processes, or this process (the model's tokenizer and engine loaded here, closed on exit).
+    A caller that holds its own ``engine`` and ``tokenizer`` (the trainer: its engine serves the
+    weights being trained) passes them; they are used in this process and left open."""
     spec = run.spec
     if engine is not None:
         from agentboost.engines.base import check_engine

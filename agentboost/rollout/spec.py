@@ -54,10 +54,9 @@ def _workers(text: str) -> int | str:
     """``--workers``: a count >= 0, or ``ray``."""
     if text == RAY:
         return RAY
-    try:
-        return count(0)(text)
-    except argparse.ArgumentTypeError as error:
-        raise argparse.ArgumentTypeError(f"{error} (or ray)") from None
+    if not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer or ray, got {text!r}")
+    return count(0)(text)
 
 
 _CONCURRENCY_WHY = " (rollouts in flight at once; more only adds waiting)"
@@ -184,8 +183,8 @@ class RunSpec:
             "--ray-address",
             compared=False,
             omit_default=True,
-            help="--workers ray: the cluster to join (host:port or ray://...; default: RAY_ADDRESS, else a "
-            "local cluster started for the run)",
+            help="with --workers ray: the cluster to join (host:port or ray://...; default: RAY_ADDRESS, "
+            "else a local cluster started for the run)",
         ),
     )
     concurrency: int = field(
@@ -285,8 +284,6 @@ class RunSpec:
             integer("workers", 0)
         if self.ray_address is not None:
             text("ray_address")
-            if self.workers != RAY:
-                raise ConfigError("RunSpec.ray_address (--ray-address) is for workers='ray' (--workers ray)")
         integer("concurrency", 1)
         integer("retries", 0)
         for name, limit in (("tasks", MAX_TASKS), ("samples", MAX_SAMPLES), ("concurrency", MAX_CONCURRENCY)):

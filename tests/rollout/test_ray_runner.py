@@ -80,7 +80,9 @@ def calculating_engine(qwen_tokenizer, say):
 
     def script(prompt, index):
         if "<tool_response>" not in qwen_tokenizer.decode(prompt[-40:]):
-            return say('<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>')
+            return say(
+                '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
+            )
         return say("It is 7.\nAnswer: 7")
 
     return ScriptedEngine(script)
@@ -121,8 +123,10 @@ def test_two_nodes_give_the_in_process_rollouts_and_an_interrupted_run_resumes(
         try:
             await run_rollouts_async(spec, tmp_path / "here.jsonl", progress=False)
             with pytest.raises(Interrupted):
-                await run_rollouts_async(on_ray, tmp_path / "ray.jsonl", progress=False, on_result=stop_after(3))
-            interrupted = len(read_results(tmp_path / "ray.jsonl"))
+                await run_rollouts_async(
+                    on_ray, tmp_path / "ray.jsonl", progress=False, on_result=stop_after(3)
+                )
+            interrupted = len(list(read_results(tmp_path / "ray.jsonl")))
             summary = await run_rollouts_async(on_ray, tmp_path / "ray.jsonl", progress=False)
             return interrupted, summary
         finally:
@@ -170,8 +174,12 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
 
     async def main():
         slow = FaultConfig(probabilities={"slow": 1.0}, slow_delay_s=0.5)
-        server = await start_server(calculating_engine(qwen_tokenizer, say), context_length=40960, faults=slow)
-        spec = RunSpec("arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=6)
+        server = await start_server(
+            calculating_engine(qwen_tokenizer, say), context_length=40960, faults=slow
+        )
+        spec = RunSpec(
+            "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=[server.url], concurrency=6
+        )
         try:
             async with RayPool(spec, restart_backoff_s=0.01) as pool:
                 nodes = {actor.node for actor in pool.actors}
@@ -192,7 +200,7 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
 
     summary, started, nodes = run(main())
     assert len(nodes) == 2  # one actor on each node
-    results = read_results(tmp_path / "r.jsonl")
+    results = list(read_results(tmp_path / "r.jsonl"))
     assert sorted((r.task_id, r.sample) for r in results) == sorted((j.task_id, j.sample) for j in jobs)
     assert all(r.termination is TerminationReason.COMPLETED for r in results)
     assert killed[0] >= 1 and summary.retried >= 1  # it had rollouts in flight, and they ran again
