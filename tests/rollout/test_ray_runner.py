@@ -76,14 +76,15 @@ def tokenizer_dir(qwen_tokenizer, tmp_path_factory):
 
 
 def calculating_engine(qwen_tokenizer, say):
-    """Calls the calculator once per rollout, then answers 7 (right for some tasks, wrong for others)."""
+    """Calls the calculator once per rollout, then answers: right for every other task, else 7."""
+    right = {task.prompt: task.ground_truth for task in make_environment("arithmetic", {}).tasks(8)[::2]}
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
 
     def script(prompt, index):
-        if "<tool_response>" not in qwen_tokenizer.decode(prompt[-40:]):
-            return say(
-                '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
-            )
-        return say("It is 7.\nAnswer: 7")
+        text = qwen_tokenizer.decode(prompt)
+        if "<tool_response>" not in text:
+            return say(call)
+        return say(f"Answer: {next((truth for question, truth in right.items() if question in text), 7)}")
 
     return ScriptedEngine(script)
 
@@ -240,3 +241,71 @@ def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ray", None)
     with pytest.raises(ConfigError, match=r"pip install 'agentboost\[ray\]'"):
         import_ray()
+
+
+def test_the_trainers_collection_runs_on_ray_with_the_rollouts_of_its_own_process(
+    cluster, tokenizer_dir, qwen_tokenizer, say, tmp_path
+):
+    from agentboost.engines.factory import make_engine
+    from agentboost.train.collect import collect_rollouts, training_spec
+    from agentboost.train.config import ModelConfig, RolloutConfig
+
+    environment = make_environment("arithmetic", {})
+    tasks = environment.tasks(3)
+    heard = []
+
+    async def main():
+        server = await start_server(calculating_engine(qwen_tokenizer, say), context_length=40960)
+        engine = make_engine("vllm", model=str(tokenizer_dir), urls=[server.url])
+        loop = asyncio.get_running_loop()
+        try:
+            specs = {}
+            for workers in (0, "ray"):
+                rollout = RolloutConfig(group_size=2, vllm_url=server.url, workers=workers, concurrency=4)
+                specs[workers] = training_spec(
+                    "arithmetic",
+                    environment_kwargs={},
+                    model=ModelConfig(name_or_path=str(tokenizer_dir)),
+                    rollout=rollout,
+                    split="train",
+                    tasks=len(tasks),
+                    samples=2,
+                    seed=0,
+                )
+            collected = {}
+
+            def on_this_loop(coroutine):  # as the trainer runs its collection on its own event loop
+                return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+            for workers, spec in specs.items():  # collect_rollouts is synchronous: call it off this loop
+                path = tmp_path / f"step_{workers}.jsonl"
+                collected[workers] = await loop.run_in_executor(
+                    None,
+                    lambda spec=spec, path=path: collect_rollouts(
+                        environment,
+                        engine,
+                        qwen_tokenizer,
+                        spec,
+                        tasks,
+                        path,
+                        on_result=heard.append,
+                        run=on_this_loop,
+                    ),
+                )
+            return specs["ray"], collected
+        finally:
+            await engine.aclose()
+            await server.close()
+
+    spec, collected = run(main())
+    assert spec.workers == "ray" and spec.engine == "vllm"
+    assert len(heard) == 12
+    assert [(r.task_id, r.sample) for r in collected["ray"]] == [(r.task_id, r.sample) for r in collected[0]]
+    assert rollouts(tmp_path / "step_ray.jsonl") == rollouts(tmp_path / "step_0.jsonl")
+
+
+def test_workers_in_the_trainer_need_rollout_servers():
+    from agentboost.train.config import RolloutConfig
+
+    assert any("rollout.vllm_url" in problem for problem in RolloutConfig(workers="ray").problems())
+    assert not RolloutConfig(workers="ray", vllm_url="http://127.0.0.1:8000").problems()
