@@ -1,8 +1,8 @@
 """The runner's executors side by side: in this process, worker processes, and Ray actors (``--workers ray``).
 
 Every executor runs the same rollouts (the arithmetic environment; one calculator call, then the
-answer) against one scripted ``agentboost serve``-style server on loopback, so the figures are the
-executors' own cost, not generation. Printed:
+answer) against one scripted ``agentboost serve``-style server on loopback, in a process of its own,
+so the figures are the executors' own cost, not generation. Printed:
 
 - start-up: from nothing to an executor ready to run rollouts (worker processes and actors build
   their environment, tokenizer and engine client; Ray's cluster start is reported apart),
@@ -20,6 +20,7 @@ import asyncio
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -126,7 +127,7 @@ async def main(rollouts: int, serial: int, concurrency: int, nodes: list[int], w
     tokenizer.save_pretrained(tokenizer_dir)
     environment = ArithmeticEnvironment()
     jobs = plan_jobs(environment, environment.tasks(rollouts), RunConfig())
-    server = await start_server(scripted_engine(tokenizer), context_length=40960)
+    server = await start_server_process()
     spec = RunSpec(
         "arithmetic", model=tokenizer_dir, engine="sglang", urls=[server.url], concurrency=concurrency
     )
@@ -146,7 +147,8 @@ async def main(rollouts: int, serial: int, concurrency: int, nodes: list[int], w
             measured = await measure(lambda count=count: ray_actors(spec, count), jobs, serial, concurrency)
             rows.append((f"ray, {count} node{'s' * (count > 1)}", measured))
     finally:
-        await server.close()
+        server.kill()
+        await server.wait()
         if cluster is not None:
             import ray
 
@@ -166,6 +168,38 @@ async def main(rollouts: int, serial: int, concurrency: int, nodes: list[int], w
         print(f"| {label} | {startup:.2f} | {latency:.1f} | {latency - base:+.1f} | {rate:.1f} |")
 
 
+class ServerProcess:
+    """The scripted server in a process of its own (as `agentboost serve` would be), so no executor
+    shares its event loop with the server."""
+
+    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+        self.process, self.url = process, url
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def wait(self) -> None:
+        await self.process.wait()
+
+
+async def start_server_process() -> ServerProcess:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--serve", stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    url = (await process.stdout.readline()).decode().strip()
+    if not url.startswith("http"):
+        raise RuntimeError(f"the scripted server did not start (it said {url!r})")
+    return ServerProcess(process, url)
+
+
+async def serve() -> None:
+    server = await start_server(scripted_engine(load_qwen3_tokenizer()), context_length=40960)
+    print(server.url, flush=True)
+    await asyncio.Event().wait()
+
+
 def load() -> str:
     return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -177,6 +211,10 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="worker processes to compare with")
     parser.add_argument("--nodes", default="1,2,4", help="simulated node counts (comma-separated)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
     args = parser.parse_args()
     node_counts = sorted({int(part) for part in args.nodes.split(",")})
-    asyncio.run(main(args.rollouts, args.serial, args.concurrency, node_counts, args.workers))
+    if args.serve:
+        asyncio.run(serve())
+    else:
+        asyncio.run(main(args.rollouts, args.serial, args.concurrency, node_counts, args.workers))
