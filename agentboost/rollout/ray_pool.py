@@ -76,14 +76,14 @@ class RolloutActor:
             from agentboost.rollout.worker import build_execution
 
             spec = RunSpec.from_dict(self._spec_data)
-            self._execute, self._engine = build_execution(spec)
-            await check_engine_args(
+            await check_engine_args(  # first: an unreachable server is refused before anything loads
                 spec.engine,
                 model=spec.model,
                 urls=spec.urls,
                 sampling=spec.sampling(),
                 options=spec.engine_options(),
             )
+            self._execute, self._engine = build_execution(spec)
         except Exception as error:
             return {"fatal": _describe(error), "node": node}
         return {"ready": True, "node": node, "pid": os.getpid()}
