@@ -170,7 +170,7 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
 ):
     environment = make_environment("arithmetic", {})
     config = RunConfig(samples=2, concurrency=6, retry_backoff_s=0.01, progress=False)
-    jobs = plan_jobs(environment, environment.tasks(4), config)
+    jobs = plan_jobs(environment, environment.tasks(6), config)
     killed = []
 
     async def main():
@@ -186,8 +186,8 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
                 nodes = {actor.node for actor in pool.actors}
 
                 def kill_a_busy_actor(result):
-                    if not killed:
-                        busy = max(pool.actors, key=lambda actor: actor.in_flight)
+                    busy = max(pool.actors, key=lambda actor: actor.in_flight)
+                    if not killed and busy.in_flight:  # results can come back together: wait for one busy
                         killed.append(busy.in_flight)
                         ray.kill(busy.handle)
 
@@ -204,7 +204,7 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
     results = list(read_results(tmp_path / "r.jsonl"))
     assert sorted((r.task_id, r.sample) for r in results) == sorted((j.task_id, j.sample) for j in jobs)
     assert all(r.termination is TerminationReason.COMPLETED for r in results)
-    assert killed[0] >= 1 and summary.retried >= 1  # it had rollouts in flight, and they ran again
+    assert killed and summary.retried >= 1  # it had rollouts in flight, and they ran again
     assert sum(r.attempts == 2 for r in results) == summary.retried
     assert started == 3  # the lost actor was replaced
 
