@@ -47,6 +47,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     ├── InvalidToolCall                   answers a malformed tool call (the model reads the message)
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
     ├── WorkerSetupError                  a worker could not build its environment, tokenizer or engine
+    │   └── ClusterPreflightError         a Ray node cannot build the environment or reach the engine
     ├── TooManyFailuresError              too many of a training step's rollouts failed: the run stops
     ├── SandboxError                      the sandbox could not start or keep a worker running
     ├── GatewayError                      a request the gateway answers with an error (HTTP status, kind)
@@ -302,6 +303,13 @@ class WorkerSetupError(AgentBoostError):
 
     Its message is the one the same mistake gives without workers, so the run ends the same way.
     """
+
+
+class ClusterPreflightError(WorkerSetupError):
+    """A node of the Ray cluster (``--workers ray``) cannot run rollouts: its actor could not be placed,
+    could not build the environment, tokenizer or engine, or cannot reach the engine's servers.
+
+    Raised before any rollout runs; the message names the node and the cause in one line."""
 
 
 class LegacyResultsError(ConfigError):

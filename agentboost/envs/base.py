@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from agentboost.agent.episode import StopSignal, UserTurn, run_agent
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Engine, SamplingParams
+from agentboost.envs.resources import ActorResources
 from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, EnvironmentStepError, UnscorableError, describe_error
 from agentboost.outcomes import (
@@ -69,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "REWARD_ERROR",
+    "ActorResources",
     "Environment",
     "Episode",
     "FailureRule",
@@ -162,6 +164,9 @@ class Environment:
     """Which failed endings are the policy's and what they score (default: an ``agent_error`` after the
     policy generated scores 0.0; every other failure is infrastructure's and masked). See
     :class:`~agentboost.outcomes.FailureRule`."""
+    resources: ActorResources = ActorResources()
+    """What one rollout actor needs from a Ray node under ``--workers ray`` (default 1 CPU); see
+    :class:`~agentboost.envs.resources.ActorResources`."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentboost.errors import ConfigError
-from agentboost.rollout.spec import RunSpec
+from agentboost.rollout.spec import RAY, RunSpec
 
 __all__ = ["PreparedRun", "RunSpec", "executing", "prepare_run", "run_rollouts", "run_rollouts_async"]
 
@@ -111,10 +111,10 @@ async def prepare_run(spec: RunSpec, *, say: Callable[[str], None] | None = None
 
 @asynccontextmanager
 async def executing(run: PreparedRun, *, engine: Any = None, tokenizer: Any = None) -> AsyncIterator[Any]:
-    """The run's execution function: ``spec.workers`` worker processes, or this process (the model's
-    tokenizer and engine loaded here, closed on exit). A caller that holds its own ``engine`` and
-    ``tokenizer`` (the trainer: its engine serves the weights being trained) passes them; they are
-    used in this process and left open."""
+    """The run's execution function: actors on a Ray cluster (``--workers ray``), ``spec.workers``
+    worker processes, or this process (the model's tokenizer and engine loaded here, closed on exit).
+    A caller that holds its own ``engine`` and ``tokenizer`` (the trainer: its engine serves the
+    weights being trained) passes them; they are used in this process and left open."""
     spec = run.spec
     if engine is not None:
         from agentboost.engines.base import check_engine
@@ -130,6 +130,12 @@ async def executing(run: PreparedRun, *, engine: Any = None, tokenizer: Any = No
             limits=run.limits,
             template=spec.template,
         )
+        return
+    if spec.workers == RAY:
+        from agentboost.rollout.ray_pool import RayPool
+
+        async with RayPool(spec, run.environment.resources) as ray_pool:
+            yield ray_pool.execute
         return
     if spec.workers:
         from agentboost.rollout.workers import WorkerPool

@@ -46,6 +46,19 @@ def _tasks(text: str) -> int | None:
     return None if text == "all" else count(1, MAX_TASKS, TASKS_WHY)(text)
 
 
+RAY = "ray"
+"""``--workers ray``: rollouts run in actors on a Ray cluster's nodes (:mod:`agentboost.rollout.ray_pool`)."""
+
+
+def _workers(text: str) -> int | str:
+    """``--workers``: a count >= 0, or ``ray``."""
+    if text == RAY:
+        return RAY
+    if not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer or ray, got {text!r}")
+    return count(0)(text)
+
+
 _CONCURRENCY_WHY = " (rollouts in flight at once; more only adds waiting)"
 
 
@@ -155,10 +168,23 @@ class RunSpec:
             "--url", compared=False, action="append", help="server URL for remote engines (repeatable)"
         ),
     )
-    workers: int = field(
+    workers: int | str = field(
         default=0,
         metadata=_setting(
-            "--workers", parse=count(0), compared=False, help="worker processes (0: run in this process)"
+            "--workers",
+            parse=_workers,
+            compared=False,
+            help="worker processes (0: run in this process), or ray: actors on a Ray cluster's nodes",
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=_setting(
+            "--ray-address",
+            compared=False,
+            omit_default=True,
+            help="with --workers ray: the cluster to join (host:port or ray://...; default: RAY_ADDRESS, "
+            "else a local cluster started for the run)",
         ),
     )
     concurrency: int = field(
@@ -254,7 +280,10 @@ class RunSpec:
         integer("tasks", 1, optional=True)
         integer("samples", 1)
         integer("top_k", 0)
-        integer("workers", 0)
+        if self.workers != RAY:
+            integer("workers", 0)
+        if self.ray_address is not None:
+            text("ray_address")
         integer("concurrency", 1)
         integer("retries", 0)
         for name, limit in (("tasks", MAX_TASKS), ("samples", MAX_SAMPLES), ("concurrency", MAX_CONCURRENCY)):

@@ -15,7 +15,12 @@ import json
 import os
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentboost.engines.base import Engine
+    from agentboost.rollout.runner import Execute
+    from agentboost.rollout.spec import RunSpec
 
 SETUP_FAILED = 3
 """Exit status of a worker that could not build its setup."""
@@ -30,11 +35,32 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-async def _serve(spec_data: dict[str, Any], concurrency: int, results: Any) -> int:
+def build_execution(spec: RunSpec) -> tuple[Execute, Engine]:
+    """What a worker (a process, or a Ray actor) runs rollouts with: the execution function over the
+    environment, tokenizer and engine it builds from ``spec``, and that engine (to close)."""
     from agentboost.engines.factory import make_engine
     from agentboost.envs.registry import make_environment
     from agentboost.models.tokenizers import load_tokenizer
-    from agentboost.rollout.runner import Job, in_process
+    from agentboost.rollout.runner import in_process
+
+    environment = make_environment(spec.environment, spec.environment_kwargs)
+    tokenizer = load_tokenizer(spec.model)
+    engine = make_engine(
+        spec.engine, model=spec.model, urls=spec.urls, retries=spec.retries, **spec.engine_options()
+    )
+    execute = in_process(
+        environment,
+        engine,
+        tokenizer,
+        sampling=spec.sampling(),
+        limits=spec.resolve_limits(environment.limits),
+        template=spec.template,
+    )
+    return execute, engine
+
+
+async def _serve(spec_data: dict[str, Any], concurrency: int, results: Any) -> int:
+    from agentboost.rollout.runner import Job
     from agentboost.rollout.spec import RunSpec
 
     def reply(message: dict[str, Any]) -> None:
@@ -42,20 +68,7 @@ async def _serve(spec_data: dict[str, Any], concurrency: int, results: Any) -> i
         results.flush()
 
     try:
-        spec = RunSpec.from_dict(spec_data)
-        environment = make_environment(spec.environment, spec.environment_kwargs)
-        tokenizer = load_tokenizer(spec.model)
-        engine = make_engine(
-            spec.engine, model=spec.model, urls=spec.urls, retries=spec.retries, **spec.engine_options()
-        )
-        execute = in_process(
-            environment,
-            engine,
-            tokenizer,
-            sampling=spec.sampling(),
-            limits=spec.resolve_limits(environment.limits),
-            template=spec.template,
-        )
+        execute, engine = build_execution(RunSpec.from_dict(spec_data))
     except Exception as error:
         from agentboost.errors import AgentBoostError
 

@@ -61,10 +61,11 @@ class WorkerPool:
         max_restart_backoff_s: float = 30.0,
         setup_timeout_s: float | None = None,
     ) -> None:
-        workers = spec.workers if workers is None else workers
+        count = spec.workers if workers is None else workers
         setup_timeout_s = spec.worker_setup_timeout_s if setup_timeout_s is None else setup_timeout_s
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError(f"a worker pool needs at least one worker, got {workers!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"a worker pool needs at least one worker, got {count!r}")
+        workers = count
         if max_restarts < 0 or restart_backoff_s < 0:
             raise ConfigError("max_restarts and restart_backoff_s must be >= 0")
         if not setup_timeout_s > 0:

@@ -129,6 +129,8 @@ def training_spec(
         samples=samples,
         engine="vllm" if urls else "local",
         urls=urls,
+        workers=rollout.workers if urls else 0,
+        ray_address=rollout.ray_address if urls else None,
         concurrency=rollout.concurrency,
         retries=rollout.retries,
         engine_memory_gib=None if urls else rollout.engine_memory_gib,
@@ -151,7 +153,9 @@ def collect_rollouts(
 
     ``path``'s header is the spec's identity; resuming a file written with other settings raises
     :class:`~agentboost.errors.SettingsChangedError`. ``run`` runs the collection's coroutine (the
-    trainer's own event loop, where its engine's connections live; default: a fresh one).
+    trainer's own event loop, where its engine's connections live; default: a fresh one). With
+    ``spec.workers`` (processes, or ``ray``) the rollouts run there against ``spec.urls``, and
+    ``engine`` only syncs weights.
     """
     from agentboost.rollout.run import PreparedRun, run_rollouts_async
 
@@ -163,8 +167,8 @@ def collect_rollouts(
                 prepared,
                 path,
                 progress=False,
-                engine=engine,
-                tokenizer=tokenizer,
+                engine=None if spec.workers else engine,
+                tokenizer=None if spec.workers else tokenizer,
                 on_result=on_result,
             )
         )

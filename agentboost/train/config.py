@@ -145,6 +145,12 @@ class RolloutConfig:
     engine_memory_gib: float | None = None
     """GiB of KV the embedded engine may hold: its running batch and prefix cache together (None: the
     engine's 2 GiB). A smaller budget runs fewer rollouts' decode steps at once, never different ones."""
+    workers: int | Literal["ray"] = 0
+    """Where the rollouts run: 0 in the trainer's process; N worker processes; ``ray``: actors on a Ray
+    cluster's nodes (docs/rollouts.md). Anything but 0 needs ``vllm_url``: the workers reach the servers
+    that hold the current weights."""
+    ray_address: str | None = None
+    """``workers: ray``: the cluster to join (default: ``RAY_ADDRESS``, else a local cluster)."""
     max_staleness: int = 0
     """Asynchronous training: how many policy versions a trajectory may lag the weights it is trained
     on, counted from its OLDEST generated token (version = training steps applied to the weights that
@@ -171,6 +177,24 @@ class RolloutConfig:
                 (self.top_k >= 0, "rollout.top_k must be >= 0 (0 disables it)"),
                 (self.concurrency >= 1, "rollout.concurrency must be >= 1"),
                 (self.retries >= 0, "rollout.retries must be >= 0 (0: no retries)"),
+                (
+                    self.workers == "ray" or self.workers >= 0,
+                    "rollout.workers must be >= 0 (0: in the trainer's process) or ray",
+                ),
+                (
+                    not self.workers or bool(self.vllm_url),
+                    "rollout.workers needs rollout.vllm_url: workers reach the rollout servers over HTTP, "
+                    "not the trainer's embedded engine",
+                ),
+                (
+                    self.ray_address is None or self.workers == "ray",
+                    "rollout.ray_address is for rollout.workers: ray",
+                ),
+                (
+                    not (self.workers and self.is_async),
+                    "rollout.workers with asynchronous training is not supported yet: the workers' rollouts "
+                    "carry no per-token weight versions; use rollout.workers: 0 or rollout.max_staleness: 0",
+                ),
                 (
                     0 <= self.max_failed_fraction <= 1,
                     "rollout.max_failed_fraction must be in [0, 1] (1: never stop for failures)",

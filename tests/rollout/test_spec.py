@@ -53,7 +53,8 @@ CHANGES = {
     "samples": 3,
     "engine": "vllm",
     "urls": ("http://127.0.0.1:3",),
-    "workers": 0,
+    "workers": "ray",
+    "ray_address": "127.0.0.1:6379",
     "concurrency": 1,
     "retries": 0,
     "worker_setup_timeout_s": 5.0,
@@ -71,8 +72,13 @@ COMPARED |= {"temperature", "top_p", "top_k", "limits"}
 @pytest.mark.parametrize("command", ["rollout", "eval"])
 @pytest.mark.parametrize(
     "spec",
-    [SPEC, RunSpec(), RunSpec(tasks=None, environment_kwargs={})],
-    ids=["full", "defaults", "all-tasks"],
+    [
+        SPEC,
+        RunSpec(),
+        RunSpec(tasks=None, environment_kwargs={}),
+        RunSpec(workers="ray", ray_address="10.0.0.1:6379"),
+    ],
+    ids=["full", "defaults", "all-tasks", "ray"],
 )
 def test_a_spec_round_trips_through_the_command_line_options(command, spec):
     args = build_parser().parse_args([command, *spec.to_argv()])
@@ -122,6 +128,7 @@ def _identity(spec: RunSpec) -> dict:
 def test_the_change_table_covers_every_field_and_not_compared_is_derived_from_it():
     assert set(CHANGES) == {field.name for field in dataclasses.fields(RunSpec)}
     recorded_not_compared = {"tasks", "samples", "engine", "urls", "workers", "concurrency", "retries"}
+    recorded_not_compared |= {"ray_address"}
     server_timeouts = {"read_timeout_s", "connect_timeout_s", "server_down_timeout_s"}
     engine_sizes = {"engine_memory_gib"}
     facts = {"precision"}  # the embedded engine's resolved precision: recorded, never a reason to refuse
