@@ -296,6 +296,8 @@ def test_the_settings_say_what_is_wrong_and_stale_data_gets_a_clipped_correction
         config(max_staleness=-1)
     with pytest.raises(ConfigError, match="needs the asynchronous collector"):
         config(max_staleness=2, asynchronous=False)
+    with pytest.raises(ConfigError, match="workers with asynchronous training is not supported"):
+        config(max_staleness=1, workers="ray", vllm_url="http://127.0.0.1:8000")
     assert not config().rollout.is_async and config(max_staleness=1).rollout.is_async
     assert config(asynchronous=True).rollout.is_async  # max_staleness 0 through the async path
     algorithm = config().algorithm
