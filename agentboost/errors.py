@@ -48,6 +48,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     ├── WorkerCrashed                     a worker process died mid-rollout (the rollout is retried)
     ├── WorkerSetupError                  a worker could not build its environment, tokenizer or engine
     ├── TooManyFailuresError              too many of a training step's rollouts failed: the run stops
+    ├── RanksDivergedError                data-parallel training ranks hold different weights: the run stops
     ├── SandboxError                      the sandbox could not start or keep a worker running
     ├── GatewayError                      a request the gateway answers with an error (HTTP status, kind)
     └── AgentCommandError                 a gateway agent command could not start or exited non-zero
@@ -333,6 +334,10 @@ class WeightSyncError(RemoteEngineError):
 
 class StaleRolloutError(AgentBoostError):
     """A rollout was generated with weights older than the ones being trained."""
+
+
+class RanksDivergedError(AgentBoostError):
+    """The ranks of a data-parallel run hold different weights after a step (a bug: they must agree)."""
 
 
 class BuildError(AgentBoostError, RuntimeError):
