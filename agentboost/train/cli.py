@@ -100,6 +100,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     if args.dry_run:
         return _dry_run(config, environment=config.environment.name, kwargs=config.environment.kwargs)
+    if args.nproc < 1:
+        from agentboost.errors import ConfigError
+
+        raise ConfigError(f"--nproc {args.nproc}: the number of training ranks is at least 1")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_ranks(args)
     from agentboost.train.trainer import Trainer

@@ -27,7 +27,14 @@ from agentboost.train.trainer import Trainer
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-LAYOUT = ("time/", "memory/", "rollout/tokens_per_second", "rollout/prefix_cache", "batch/padding", "batch/micro")
+LAYOUT = (
+    "time/",
+    "memory/",
+    "rollout/tokens_per_second",
+    "rollout/prefix_cache",
+    "batch/padding",
+    "batch/micro",
+)
 """Metrics of timing, memory and of how samples were cut into micro-batches: not the same by design."""
 
 
@@ -58,7 +65,9 @@ def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
 
 
 def train_ranks(*overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    pythonpath = os.pathsep.join([str(ROOT), str(TESTS), str(TESTS / "train"), os.environ.get("PYTHONPATH", "")])
+    pythonpath = os.pathsep.join(
+        [str(ROOT), str(TESTS), str(TESTS / "train"), os.environ.get("PYTHONPATH", "")]
+    )
     return subprocess.run(
         [sys.executable, "-m", "agentboost.cli", "train", *overrides, "--nproc", "2"],
         capture_output=True,
@@ -82,8 +91,9 @@ def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
 def assert_same_weights(a: Path, b: Path, step: int) -> None:
     expected, actual = weights(a, step), weights(b, step)
     assert expected.keys() == actual.keys()
-    for name in expected:
-        difference = float((expected[name] - actual[name]).abs().max())
+    differences = {name: float((expected[name] - actual[name]).abs().max()) for name in expected}
+    print(f"step {step}: largest weight difference {max(differences.values()):.1e}")  # pytest -s
+    for name, difference in differences.items():
         assert difference <= 1e-6, (step, name, difference)
 
 
@@ -136,9 +146,9 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     for step in range(3):
         path = f"rollouts/step_{step:06d}.jsonl"
         assert read_header(two / path) == read_header(one / path)
-        assert [(r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(two / path)] == [
-            (r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(one / path)
-        ]
+        assert [
+            (r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(two / path)
+        ] == [(r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(one / path)]
     assert files(two) == files(one)  # rank 1 wrote nothing; no partial rollout files are left
 
 
@@ -151,3 +161,11 @@ def test_shares_are_contiguous_cover_every_item_once_and_keep_one_process_whole(
     alone = Ranks()
     assert alone.writes and not alone.distributed and alone.any(True) and alone.gather(3) == [3]
     assert alone.combine({"loss": 1.5}) == {"loss": 1.5}
+
+
+def test_a_rank_count_below_one_is_one_line(tmp_path, capsys):
+    from agentboost.cli import main
+
+    assert main(["train", f"output_dir={tmp_path / 'run'}", "--nproc", "0"]) == 2
+    assert "--nproc 0: the number of training ranks is at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
