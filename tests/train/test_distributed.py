@@ -1,10 +1,11 @@
 """Data-parallel training (agentboost/train/distributed.py): two gloo ranks started by the real command
 (`agentboost train ... --nproc 2`, i.e. torchrun, on loopback) train as one process does.
 
-One process trains 3 steps of the toy task in-process. Two ranks train 2 steps, then are started again
-with steps=3 and resume from the checkpoint of step 2 (both ranks load it). After each the ranks'
-weights match the single process's within 1e-6, the step metrics match, the results files hold the
-same rollouts, and the run directory holds exactly what one process writes (rank 0 alone writes).
+One process trains 3 steps of the toy task in-process. Two ranks start the same 3 steps and die in the
+middle of step 1's collection; started again, both ranks resume from the checkpoint of step 1 and each
+continues its partial share of step 1's rollouts. After every step the ranks' weights match the single
+process's within 1e-6, the step metrics match, the results files hold the same rollouts, and the run
+directory holds exactly what one process writes (rank 0 alone writes; no partial file is left).
 The ranks compare a checksum of their weights after every step (AGENTBOOST_CHECK_RANKS_EVERY=1).
 """
 
@@ -46,7 +47,7 @@ def model_dir(qwen_tokenizer, tmp_path_factory):
 def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
     return [
         f"model.name_or_path={model_dir}",
-        "environment.name=train_toy_env:FirstToken",
+        "environment.name=train_toy_env:KilledAfter",  # TOY_KILL_AFTER_REWARDS unset: never
         "environment.kwargs={target_id: 198}",
         "environment.train_tasks=16",
         "rollout.tasks_per_step=4",
@@ -64,7 +65,7 @@ def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
     ]
 
 
-def train_ranks(*overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def train_ranks(*overrides: str, cwd: Path, kill_after_rewards: int = 0) -> subprocess.CompletedProcess[str]:
     pythonpath = os.pathsep.join(
         [str(ROOT), str(TESTS), str(TESTS / "train"), os.environ.get("PYTHONPATH", "")]
     )
@@ -80,6 +81,7 @@ def train_ranks(*overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
             "HF_HUB_OFFLINE": "1",
             "AGENTBOOST_CHECK_RANKS_EVERY": "1",
             "OMP_NUM_THREADS": "1",
+            "TOY_KILL_AFTER_REWARDS": str(kill_after_rewards),
         },
     )
 
@@ -120,16 +122,19 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     Trainer(load_config(None, settings(model_dir, 3, one))).train()
 
-    first = train_ranks(*settings(model_dir, 2, two), cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-4000:]
-    assert first.stdout.count("trained 2 steps") == 1  # rank 0 reports
-    for step in (1, 2):
-        assert_same_weights(one, two, step)
+    # each rank dies on its 12th reward: in step 1's collection, its share (2 tasks x 4) part done
+    killed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path, kill_after_rewards=12)
+    assert killed.returncode != 0 and "SimulatedKill" in killed.stderr, killed.stderr[-4000:]
+    assert_same_weights(one, two, 1)
+    partial = [len(list(read_results(path))) for path in (two / "rollouts" / "step_000001.ranks").iterdir()]
+    assert partial and all(0 <= count < 8 for count in partial) and sum(partial) > 0, partial
 
-    second = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert second.stderr.count("from step_000002 (step 2)") == 2, second.stderr[-4000:]  # both ranks
-    assert_same_weights(one, two, 3)
+    resumed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.stderr.count("from step_000001 (step 1)") == 2, resumed.stderr[-4000:]  # both ranks
+    assert resumed.stdout.count("trained 3 steps") == 1  # rank 0 reports
+    for step in (2, 3):
+        assert_same_weights(one, two, step)
 
     # the same steps: every metric of the rollouts and advantages exactly, the update's to rounding
     expected, actual = train_records(one), train_records(two)
