@@ -51,9 +51,16 @@ def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
         "environment.kwargs={target_id: 198}",
         "environment.train_tasks=16",
         "rollout.tasks_per_step=4",
-        "rollout.group_size=4",
+        "rollout.group_size=8",
+        # every sample in the update, so the ranks' token counts differ from the step's (the normaliser
+        # must be the step's) and both ranks' backward passes count
+        "algorithm.drop_zero_signal_groups=false",
         "rollout.temperature=1.0",
         "optimizer.lr=1e-3",
+        # AdamW moves a weight by up to lr * g / eps: with eps=1e-8 a gradient's float rounding (which
+        # depends on how the samples were cut, ~1e-10 here) became 7e-6 in one step; 1e-5 keeps the
+        # comparison about the ranks' arithmetic, not about that amplifier
+        "optimizer.eps=1e-5",
         "eval.every=0",
         "checkpoint.every=1",
         "checkpoint.keep=3",
@@ -122,12 +129,12 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     Trainer(load_config(None, settings(model_dir, 3, one))).train()
 
-    # each rank dies on its 12th reward: in step 1's collection, its share (2 tasks x 4) part done
-    killed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path, kill_after_rewards=12)
+    # each rank dies on its 20th reward: in step 1's collection, its share (2 tasks x 8) part done
+    killed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path, kill_after_rewards=20)
     assert killed.returncode != 0 and "SimulatedKill" in killed.stderr, killed.stderr[-4000:]
     assert_same_weights(one, two, 1)
     partial = [len(list(read_results(path))) for path in (two / "rollouts" / "step_000001.ranks").iterdir()]
-    assert partial and all(0 <= count < 8 for count in partial) and sum(partial) > 0, partial
+    assert partial and all(0 <= count < 16 for count in partial) and sum(partial) > 0, partial
 
     resumed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -155,6 +162,17 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
             (r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(two / path)
         ] == [(r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(one / path)]
     assert files(two) == files(one)  # rank 1 wrote nothing; no partial rollout files are left
+    # not a vacuous comparison: in some step each rank's share (tasks 0-1, tasks 2-3) had a group whose
+    # rewards differ, i.e. both ranks' gradients counted
+    signal = [set(), set()]
+    for step in range(3):
+        rewards: dict[str, set[float]] = {}
+        for result in read_results(one / f"rollouts/step_{step:06d}.jsonl"):
+            rewards.setdefault(result.task_id, set()).add(result.reward)
+        for position, values in enumerate(rewards.values()):
+            if len(values) > 1:
+                signal[position // 2].add(step)
+    assert signal[0] and signal[1], signal
 
 
 def test_shares_are_contiguous_cover_every_item_once_and_keep_one_process_whole():
