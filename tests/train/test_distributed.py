@@ -192,3 +192,58 @@ def test_a_rank_count_below_one_is_one_line(tmp_path, capsys):
     assert main(["train", f"output_dir={tmp_path / 'run'}", "--nproc", "0"]) == 2
     assert "--nproc 0: the number of training ranks is at least 1" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _two_ranks(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: gradients of different parameters reach the two backward passes; then
+    ranks whose weights differ are stopped."""
+    import torch.distributed as dist
+
+    from agentboost.errors import RanksDivergedError
+    from agentboost.train.buffers import FlatGradients
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    ranks = Ranks.join(torch.device("cpu"))
+    ranks.check_every = 1
+    model = torch.nn.ModuleDict(
+        {"a": torch.nn.Linear(2, 1, bias=False), "b": torch.nn.Linear(2, 1, bias=False)}
+    )
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(1.0)
+    gradients = FlatGradients(model.parameters())
+    gradients.zero()
+    used = model["a"] if rank == 0 else model["b"]  # each rank's backward reaches one parameter
+    used(torch.full((1, 2), float(rank + 1))).sum().backward()
+    ranks.reduce_gradients(gradients)
+    gradients.drop_untouched()
+    summed = [p.grad.tolist() if p.grad is not None else None for p in (model["a"].weight, model["b"].weight)]
+    ranks.check_weights(model, 1)  # equal: passes
+    with torch.no_grad():
+        model["a"].weight.add_(rank)
+    try:
+        ranks.check_weights(model, 2)
+        diverged = ""
+    except RanksDivergedError as error:
+        diverged = str(error)
+    Path(out, f"rank{rank}.json").write_text(
+        __import__("json").dumps({"grads": summed, "diverged": diverged})
+    )
+    dist.destroy_process_group()
+
+
+def test_gradients_sum_over_ranks_and_diverged_weights_stop_the_run(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_two_ranks, args=(port, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        # a reached by rank 0's backward (input 1), b by rank 1's (input 2): both kept on both ranks
+        assert found["grads"] == [[[1.0, 1.0]], [[2.0, 2.0]]]
+        assert "after step 2 the ranks' weights differ" in found["diverged"]
