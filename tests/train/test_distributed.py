@@ -4,8 +4,9 @@
 One process trains 3 steps of the toy task in-process. Two ranks start the same 3 steps and die in the
 middle of step 1's collection; started again, both ranks resume from the checkpoint of step 1 and each
 continues its partial share of step 1's rollouts. After every step the ranks' weights match the single
-process's within 1e-6, the step metrics match, the results files hold the same rollouts, and the run
-directory holds exactly what one process writes (rank 0 alone writes; no partial file is left).
+process's within 1e-6, the step and held-out metrics match, the results files hold the same rollouts,
+and the run directory holds exactly what one process writes (rank 0 alone writes; no partial file is
+left).
 The ranks compare a checksum of their weights after every step (AGENTBOOST_CHECK_RANKS_EVERY=1).
 """
 
@@ -61,7 +62,9 @@ def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
         # depends on how the samples were cut, ~1e-10 here) became 7e-6 in one step; 1e-5 keeps the
         # comparison about the ranks' arithmetic, not about that amplifier
         "optimizer.eps=1e-5",
-        "eval.every=0",
+        "eval.every=2",  # held-out evaluations at steps 0, 2 and 3: split over the ranks too
+        "eval.tasks=4",
+        "eval.samples=2",
         "checkpoint.every=1",
         "checkpoint.keep=3",
         "checkpoint.resume=true",
@@ -106,11 +109,11 @@ def assert_same_weights(a: Path, b: Path, step: int) -> None:
         assert difference <= 1e-6, (step, name, difference)
 
 
-def train_records(run: Path) -> list[dict[str, float]]:
+def records(run: Path, kind: str) -> list[dict[str, float]]:
     return [
-        {k: v for k, v in r.items() if k != "time" and not k.startswith(LAYOUT)}
+        {k: v for k, v in r.items() if k not in ("time", "eval/seconds") and not k.startswith(LAYOUT)}
         for r in read_metrics(run / "metrics.jsonl")
-        if r["kind"] == "train"
+        if r["kind"] == kind
     ]
 
 
@@ -129,8 +132,9 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     Trainer(load_config(None, settings(model_dir, 3, one))).train()
 
-    # each rank dies on its 20th reward: in step 1's collection, its share (2 tasks x 8) part done
-    killed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path, kill_after_rewards=20)
+    # each rank dies on its 24th reward (4 held-out at step 0, 16 in step 0): in step 1's collection,
+    # its share (2 tasks x 8) part done
+    killed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path, kill_after_rewards=24)
     assert killed.returncode != 0 and "SimulatedKill" in killed.stderr, killed.stderr[-4000:]
     assert_same_weights(one, two, 1)
     partial = [len(list(read_results(path))) for path in (two / "rollouts" / "step_000001.ranks").iterdir()]
@@ -144,7 +148,9 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
         assert_same_weights(one, two, step)
 
     # the same steps: every metric of the rollouts and advantages exactly, the update's to rounding
-    expected, actual = train_records(one), train_records(two)
+    assert records(two, "eval") == records(one, "eval")
+    assert [r["step"] for r in records(two, "eval")] == [0, 2, 3]
+    expected, actual = records(one, "train"), records(two, "train")
     assert [r["step"] for r in actual] == [0, 1, 2]
     for a, b in zip(expected, actual, strict=True):
         assert a.keys() == b.keys()
@@ -155,8 +161,9 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
                 assert b[key] == a[key], (a["step"], key)
     assert {r["optim/updates"] for r in actual} == {1.0}  # every step really updated
     # the same rollouts, in the same order, under the same header
-    for step in range(3):
-        path = f"rollouts/step_{step:06d}.jsonl"
+    for path in [f"rollouts/step_{step:06d}.jsonl" for step in range(3)] + [
+        f"evals/step_{step:06d}.jsonl" for step in (0, 2, 3)
+    ]:
         assert read_header(two / path) == read_header(one / path)
         assert [
             (r.task_id, r.sample, r.trajectory.token_ids, r.reward) for r in read_results(two / path)
