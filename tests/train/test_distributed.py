@@ -57,6 +57,10 @@ def settings(model_dir: Path, steps: int, output_dir: Path) -> list[str]:
         # must be the step's) and both ranks' backward passes count
         "algorithm.drop_zero_signal_groups=false",
         "rollout.temperature=1.0",
+        # the 20 likeliest tokens: sampling from the whole 151k vocabulary lands in a tail of near-equal
+        # probabilities, where an engine batch of other rows (16 rollouts per rank, not 32) rounds the
+        # cumulative sum otherwise and picks the neighbouring token (seen: 9992 for 9993)
+        "rollout.top_k=20",
         "optimizer.lr=1e-3",
         # AdamW moves a weight by up to lr * g / eps: with eps=1e-8 a gradient's float rounding (which
         # depends on how the samples were cut, ~1e-10 here) became 7e-6 in one step; 1e-5 keeps the
@@ -143,7 +147,7 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     resumed = train_ranks(*settings(model_dir, 3, two), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert resumed.stderr.count("from step_000001 (step 1)") == 2, resumed.stderr[-4000:]  # both ranks
-    assert resumed.stdout.count("trained 3 steps") == 1  # rank 0 reports
+    assert resumed.stdout.count("held-out mean reward") == 1  # rank 0 reports
     for step in (2, 3):
         assert_same_weights(one, two, step)
 
@@ -155,7 +159,9 @@ def test_two_gloo_ranks_train_as_one_process_and_resume_together(model_dir, tmp_
     for a, b in zip(expected, actual, strict=True):
         assert a.keys() == b.keys()
         for key in a:
-            if key.startswith(("policy/", "optim/", "mismatch/")):
+            if key.startswith("mismatch/"):  # vs the engine, whose rounding depends on its batch and cache
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], key)
+            elif key.startswith(("policy/", "optim/")):
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
             else:
                 assert b[key] == a[key], (a["step"], key)
