@@ -49,6 +49,7 @@ derives from it (``ConfigError`` is a ``ValueError``, ``ModelNotFoundError`` a `
     ├── WorkerSetupError                  a worker could not build its environment, tokenizer or engine
     │   └── ClusterPreflightError         a Ray node cannot build the environment or reach the engine
     ├── TooManyFailuresError              too many of a training step's rollouts failed: the run stops
+    ├── RanksDivergedError                data-parallel training ranks hold different weights: the run stops
     ├── SandboxError                      the sandbox could not start or keep a worker running
     ├── GatewayError                      a request the gateway answers with an error (HTTP status, kind)
     └── AgentCommandError                 a gateway agent command could not start or exited non-zero
@@ -341,6 +342,10 @@ class WeightSyncError(RemoteEngineError):
 
 class StaleRolloutError(AgentBoostError):
     """A rollout was generated with weights older than the ones being trained."""
+
+
+class RanksDivergedError(AgentBoostError):
+    """The ranks of a data-parallel run hold different weights after a step (a bug: they must agree)."""
 
 
 class BuildError(AgentBoostError, RuntimeError):

@@ -16,6 +16,7 @@ unmaps when freed. Values and arithmetic are unchanged (tested bit for bit again
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -91,6 +92,21 @@ class FlatGradients:
         for parameter in self.parameters:
             if id(parameter) not in self._touched:
                 parameter.grad = None
+
+    def all_reduce(self, dist: Any) -> None:
+        """Sum the gradients over the ranks of ``dist`` (``torch.distributed``), before
+        :meth:`drop_untouched`: each buffer all-reduced in place, and a parameter any rank's backward
+        reached counts as touched on every rank (so all ranks step the same parameters)."""
+        if not self._buffers:
+            self.allocate()
+        for buffer in self._buffers:
+            dist.all_reduce(buffer)
+        device = self._buffers[0].device
+        touched = torch.tensor(
+            [id(p) in self._touched for p in self.parameters], dtype=torch.uint8, device=device
+        )
+        dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+        self._touched = {id(p) for p, hit in zip(self.parameters, touched.tolist(), strict=True) if hit}
 
     def release(self) -> None:
         for parameter in self.parameters:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 
@@ -99,9 +100,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     if args.dry_run:
         return _dry_run(config, environment=config.environment.name, kwargs=config.environment.kwargs)
+    if args.nproc < 1:
+        from agentboost.errors import ConfigError
+
+        raise ConfigError(f"--nproc {args.nproc}: the number of training ranks is at least 1")
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch_ranks(args)
     from agentboost.train.trainer import Trainer
 
     summary = Trainer(config).train()
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports for the data-parallel run
+        return 0
     from agentboost.train.logging import read_metrics, steps_line
 
     metrics_file = summary.output_dir / "metrics.jsonl"
@@ -120,6 +129,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch_ranks(args: argparse.Namespace) -> int:
+    """``agentboost train ... --nproc N``: the same command as N data-parallel ranks on this machine,
+    through torchrun (:mod:`agentboost.train.distributed`); its exit status."""
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        "-m",
+        "agentboost.cli",
+        "train",
+        *([args.config] if args.config is not None else []),
+        *args.overrides,
+    ]
+    return subprocess.run(command, check=False).returncode
+
+
 def register_train_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``train`` to the ``agentboost`` command's subparsers."""
     parser = subparsers.add_parser(
@@ -133,6 +163,14 @@ def register_train_command(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     _add_config_arguments(parser)
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train with N data-parallel ranks on this machine (runs the command under torchrun; "
+        "gloo on CPU, NCCL on GPUs; docs/scaling.md)",
+    )
     parser.set_defaults(func=_cmd_train)
     return parser
 

@@ -9,6 +9,7 @@ resumed step compares.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,10 +158,9 @@ def collect_rollouts(
     ``spec.workers`` (processes, or ``ray``) the rollouts run there against ``spec.urls``, and
     ``engine`` only syncs weights.
     """
-    from agentboost.rollout.run import PreparedRun, run_rollouts_async
+    from agentboost.rollout.run import run_rollouts_async
 
-    limits = spec.resolve_limits(environment.limits)
-    prepared = PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits)
+    prepared = _prepared(environment, spec, tasks)
     try:
         run(
             run_rollouts_async(
@@ -182,3 +182,35 @@ def collect_rollouts(
     jobs = plan_jobs(environment, tasks, prepared.config(progress=False))
     by_key = {(r.task_id, r.sample): r for r in read_results(path)}
     return [by_key[(job.task_id, job.sample)] for job in jobs]
+
+
+def _prepared(environment: Environment, spec: RunSpec, tasks: Sequence[Any]) -> Any:
+    """The :class:`~agentboost.rollout.run.PreparedRun` of ``tasks`` under ``spec``."""
+    from agentboost.rollout.run import PreparedRun
+
+    limits = spec.resolve_limits(environment.limits)
+    return PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits)
+
+
+def write_results(
+    environment: Environment,
+    spec: RunSpec,
+    tasks: Sequence[Any],
+    results: Sequence[RolloutResult],
+    path: Path,
+) -> None:
+    """Write ``results`` (of ``tasks`` under ``spec``) as the results file ``path`` that
+    :func:`collect_rollouts` would have written, replacing it at once (a staging file renamed into
+    place): the file a data-parallel step assembles from its ranks' shares."""
+    from agentboost.rollout.results import ResultStore
+
+    prepared = _prepared(environment, spec, tasks)
+    staging = path.with_name(f".{path.name}.staging")
+    with ResultStore(
+        staging, resume=False, fsync=False, identity=prepared.identity, environment_name=environment.name
+    ) as store:
+        for result in results:
+            store.write(result)
+    with open(staging, "rb") as handle:  # on disk before it takes the step file's name
+        os.fsync(handle.fileno())
+    os.replace(staging, path)

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentboost.models.precision import Precision
 from agentboost.train.checkpoint import Checkpoints
+from agentboost.train.distributed import Ranks, SilentLogger
 from agentboost.train.logging import MetricsLogger
 
 
@@ -35,6 +36,8 @@ class TrainingLoop:
     checkpointer: Checkpoints
     precision: Precision
     """The run's precision policy (weights and compute dtypes), said at the start of the run."""
+    ranks: Ranks = Ranks()
+    """This process's place in a data-parallel run (:mod:`.distributed`); rank 0 alone writes files."""
     step: int = 0
     resumed_from: int | None = None
     eval_rewards: dict[int, float]
@@ -89,7 +92,7 @@ class TrainingLoop:
         counter = {"done": 0}
         if bar is not None:
             bar.set_description_str(f"{text} 0/{total}" if total else text, refresh=True)
-        elif total:
+        elif total and self.ranks.writes:
             print(f"agentboost: {text}: {total} held-out rollouts", file=sys.stderr)
 
         def on_result(_: Any) -> None:
@@ -111,24 +114,32 @@ class TrainingLoop:
         Returns :meth:`summary`."""
         config = self.config
         self.step = self._resume()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        logger = MetricsLogger(
-            self.run_dir,
-            start_step=self.step,
-            config=config.to_dict(),
-            wandb_project=config.logging.wandb_project,
-            wandb_run_name=config.logging.wandb_run_name,
-            wandb_mode=config.logging.wandb_mode,
+        writes = self.ranks.writes
+        if writes:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        logger = (
+            MetricsLogger(
+                self.run_dir,
+                start_step=self.step,
+                config=config.to_dict(),
+                wandb_project=config.logging.wandb_project,
+                wandb_run_name=config.logging.wandb_run_name,
+                wandb_mode=config.logging.wandb_mode,
+            )
+            if writes
+            else SilentLogger()
         )
-        print(f"agentboost: precision: {self.precision.describe()}", file=sys.stderr)
+        if writes:
+            print(f"agentboost: precision: {self.precision.describe()}", file=sys.stderr)
         logger.log(self.step, "precision", self.precision.as_metrics())
         bar = self._progress_bar()
         began = time.monotonic()
         try:
             self.started(logger)
             total = self.total_steps
-            while self.step < total and time.monotonic() - began < self.time_limit_s:
+            out_of_time = False
+            while self.step < total and not out_of_time:
                 step = self.step
                 if self._evaluation_due(step):
                     logger.log(step, "eval", self.evaluate(step, bar=bar))
@@ -142,11 +153,13 @@ class TrainingLoop:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(self.postfix(metrics), refresh=True)
+                self.ranks.check_weights(self.model, self.step)
                 every = config.checkpoint.every
-                out_of_time = time.monotonic() - began >= self.time_limit_s
-                if (every and self.step % every == 0) or self.step == total or out_of_time:
+                # every rank takes the same branch: the limit counts when any rank reached it
+                out_of_time = self.ranks.any(time.monotonic() - began >= self.time_limit_s)
+                if writes and ((every and self.step % every == 0) or self.step == total or out_of_time):
                     self.save_checkpoint()
-            if self.step < total:
+            if self.step < total and writes:
                 print(
                     f"agentboost: stopped after step {self.step} of {total}: "
                     f"time_limit_minutes={config.time_limit_minutes} reached",
@@ -156,7 +169,7 @@ class TrainingLoop:
                 logger.log(self.step, "eval", self.evaluate(self.step, bar=bar))
             if self.evaluates or self.plots_without_evaluation:
                 logger.plot()
-            if config.checkpoint.save_final_model:
+            if config.checkpoint.save_final_model and writes:
                 self.save_model(self.run_dir / "final")
         finally:
             if bar is not None:
@@ -174,7 +187,7 @@ class TrainingLoop:
         return self.evaluates and step % every == 0 and step not in self.eval_rewards
 
     def _progress_bar(self) -> Any:
-        if not self.config.logging.progress:
+        if not self.config.logging.progress or not self.ranks.writes:
             return None
         from tqdm import tqdm
 

@@ -52,8 +52,15 @@ from agentboost.train.async_collect import AsyncCollector, VersionedEngine, Weig
 from agentboost.train.batching import Sample, TokenBatch, micro_batches, mini_batches, sample_from_result
 from agentboost.train.buffers import FlatGradients, compact_optimizer_state
 from agentboost.train.checkpoint import Checkpoints
-from agentboost.train.collect import collect_rollouts, result_metrics, step_results, training_spec
+from agentboost.train.collect import (
+    collect_rollouts,
+    result_metrics,
+    step_results,
+    training_spec,
+    write_results,
+)
 from agentboost.train.config import TrainConfig
+from agentboost.train.distributed import Ranks, forget_partials
 from agentboost.train.logging import step_line
 from agentboost.train.loop import TrainingLoop
 from agentboost.train.policy import (
@@ -111,7 +118,18 @@ class Trainer(TrainingLoop):
             self.environment.template = config.model.template
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = resolve_device(config.model)
+        self.ranks = Ranks.join(resolve_device(config.model))  # data-parallel ranks (distributed.py)
+        self.device = self.ranks.device(resolve_device(config.model))
+        if self.ranks.distributed and config.rollout.vllm_url:
+            raise ConfigError(
+                "rollout.vllm_url with several training ranks: each rank would push its weights to the same "
+                "servers; train on one rank with vLLM servers, or let each rank use its embedded engine"
+            )
+        if self.ranks.distributed and config.rollout.is_async:
+            raise ConfigError(
+                "asynchronous training (rollout.max_staleness > 0 or rollout.asynchronous) with several "
+                "training ranks is not supported yet: train asynchronously on one rank"
+            )
         seed_everything(config.seed)
         self.precision = resolve_precision(config.model, config.lora, self.device)
         self.tokenizer, self.model = load_policy(config.model, config.lora, self.device, self.precision)
@@ -262,15 +280,27 @@ class Trainer(TrainingLoop):
         ``engine``: what the rollouts generate through (default: the trainer's engine)."""
         self.sync_weights()  # no-op when the step already synced
         self.model.eval()
-        return collect_rollouts(
-            self.environment,
-            self.engine if engine is None else engine,
-            self.tokenizer,
-            spec,
+
+        def collect(share: Sequence[Any], out: Path) -> list[RolloutResult]:
+            return collect_rollouts(
+                self.environment,
+                self.engine if engine is None else engine,
+                self.tokenizer,
+                spec,
+                share,
+                out,
+                on_result=on_result,
+                run=self._rollout_loop.run,
+            )
+
+        if not self.ranks.distributed:
+            return collect(tasks, path)
+        return self.ranks.collect(  # each rank its share of the groups; all of them back on every rank
+            collect,
             tasks,
             path,
-            on_result=on_result,
-            run=self._rollout_loop.run,
+            samples=spec.samples,
+            write=lambda results, out: write_results(self.environment, spec, tasks, results, out),
         )
 
     # --- the loop (TrainingLoop.train runs it) ---------------------------------------------------------
@@ -301,6 +331,7 @@ class Trainer(TrainingLoop):
             if self._async is not None:
                 self._async.close()
             self._rollout_loop.close()
+            self.ranks.close()
 
     def postfix(self, metrics: dict[str, float]) -> str:
         parts = [step_line(metrics)]
@@ -435,6 +466,7 @@ class Trainer(TrainingLoop):
         if not samples:  # nothing carries a signal: no optimizer step, but still check consistency
             if measured:
                 self._annotate(measured, old=True, sums=sums)
+            self._add_other_ranks(sums)
             metrics.update(self._mismatch_metrics(sums))
             return metrics
         updates_per_step = algorithm.epochs * algorithm.mini_batches
@@ -457,7 +489,7 @@ class Trainer(TrainingLoop):
                     else sum(1 for s in mini_batch if s.loss_tokens)
                 )
                 self.gradients.zero()
-                for micro in micro_batches(mini_batch, max_tokens=budget, pad_id=self.pad_id):
+                for micro in micro_batches(self._mine(mini_batch), max_tokens=budget, pad_id=self.pad_id):
                     micro = micro.to(self.device)
                     logprobs, entropy = self.policy.logprobs(micro, temperature, with_entropy=True)
                     mask = micro.loss_mask
@@ -515,6 +547,7 @@ class Trainer(TrainingLoop):
                     sums.add("approx_kl", algorithms.masked_sum(torch.exp(log_ratio) - 1 - log_ratio, mask))
                     if result.kl is not None:
                         sums.add("kl_ref", algorithms.masked_sum(result.kl, mask))
+                self.ranks.reduce_gradients(self.gradients)  # summed over the ranks' samples
                 self.gradients.drop_untouched()
                 max_norm = config.optimizer.max_grad_norm
                 norm = torch.nn.utils.clip_grad_norm_(
@@ -528,6 +561,7 @@ class Trainer(TrainingLoop):
         self.gradients.release()
         self.model.eval()
         trim_heap()  # the activations' pages go back to the system before the next rollouts
+        self._add_other_ranks(sums)
         tokens = max(1.0, sums["tokens"])
         weighted = correction.correction != "none"
         metrics.update(
@@ -581,13 +615,27 @@ class Trainer(TrainingLoop):
         sums.values["mismatch_max"] = max(sums["mismatch_max"], float(found["max_abs_diff"]))
         sums.log_ratios.append(found["log_ratios"].cpu())
 
+    def _mine(self, samples: list[Sample]) -> list[Sample]:
+        """The samples this rank's forward and backward passes take: those of the groups it collected
+        (all of them in one process)."""
+        if not self.ranks.distributed:
+            return samples
+        groups = self.config.rollout.tasks_per_step
+        return [s for s in samples if self.ranks.owns(s.group, groups)]
+
+    def _add_other_ranks(self, sums: _Sums) -> None:
+        """The update's metric sums over every rank's samples (a no-op in one process)."""
+        if self.ranks.distributed:
+            sums.values = defaultdict(float, self.ranks.combine(sums.values, maxima=("mismatch_max",)))
+            sums.log_ratios = [ratios for part in self.ranks.gather(sums.log_ratios) for ratios in part]
+
     @torch.no_grad()
     def _annotate(self, samples: list[Sample], *, old: bool, sums: _Sums) -> None:
         """Before any update: store pi_old's logprobs (and the reference's) on each sample."""
         temperature = self.config.rollout.temperature
         self.model.eval()
         for micro in micro_batches(
-            samples, max_tokens=self.config.optimizer.micro_batch_tokens, pad_id=self.pad_id
+            self._mine(samples), max_tokens=self.config.optimizer.micro_batch_tokens, pad_id=self.pad_id
         ):
             batch = micro.to(self.device)
             if old:
@@ -624,11 +672,13 @@ class Trainer(TrainingLoop):
             )
         for folder in ("rollouts", "evals"):
             directory = self.run_dir / folder
-            if not directory.exists():
+            if not directory.exists() or not self.ranks.writes:
                 continue
             for path in directory.glob("step_*.jsonl"):
                 if int(path.stem.removeprefix("step_")) >= first_stale:
                     path.unlink()
+            forget_partials(directory, first_stale)
+        self.ranks.barrier()  # nothing is collected before the stale files are gone
         self.eval_rewards = {k: v for k, v in self.eval_rewards.items() if k < step}
 
     def save_model(self, directory: Path) -> None:

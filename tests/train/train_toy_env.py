@@ -8,6 +8,7 @@ Trajectory's token ids, never its text.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -66,11 +67,13 @@ class SimulatedKill(BaseException):
 
 
 class KilledAfter(FirstToken):
-    """Dies on the ``calls``-th reward, i.e. in the middle of some step's collection."""
+    """Dies on the ``calls``-th reward, i.e. in the middle of some step's collection. Without ``calls``:
+    on the ``TOY_KILL_AFTER_REWARDS``-th, or never when that is unset (so a command run killed and one
+    resuming it name the same environment settings)."""
 
-    def __init__(self, target_id: int, calls: int) -> None:
+    def __init__(self, target_id: int, calls: int | None = None) -> None:
         super().__init__(target_id)
-        self.calls_left = calls
+        self.calls_left = calls if calls is not None else int(os.environ.get("TOY_KILL_AFTER_REWARDS", "0"))
 
     def reward(self, trajectory: Trajectory, episode: Episode) -> float:
         self.calls_left -= 1
