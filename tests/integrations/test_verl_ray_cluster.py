@@ -1,4 +1,4 @@
-"""veRL's agent-loop layer on a real two-node Ray cluster, running agentboost's loop (docs/scaling-verl.md).
+"""veRL's agent-loop layer on a real two-node Ray cluster, running agentboost's loop (docs/scaling.md).
 
 What is real: a two-node Ray cluster on loopback (``ray.cluster_utils.Cluster``: two raylets, one GCS);
 veRL's ``AgentLoopManager`` built as ``main_ppo`` builds it, which places one ``AgentLoopWorker`` actor on
