@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentboost.envs.base import Environment, Outcome, RolloutResult
 from agentboost.errors import SettingsChangedError, TooManyFailuresError
@@ -21,6 +21,9 @@ from agentboost.rollout.runner import RunTasks, plan_jobs
 from agentboost.rollout.spec import RunSpec
 from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.train.config import EvalConfig, ModelConfig, RolloutConfig
+
+if TYPE_CHECKING:
+    from agentboost.models.precision import Precision
 
 
 def result_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
@@ -145,18 +148,21 @@ def collect_rollouts(
     *,
     on_result: Callable[[RolloutResult], None],
     run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+    precision: Precision | None = None,
 ) -> list[RolloutResult]:
     """Run ``tasks x spec.samples`` rollouts through the runner as ``spec`` says, resuming ``path``;
     results in job order.
 
     ``path``'s header is the spec's identity; resuming a file written with other settings raises
     :class:`~agentboost.errors.SettingsChangedError`. ``run`` runs the collection's coroutine (the
-    trainer's own event loop, where its engine's connections live; default: a fresh one).
+    trainer's own event loop, where its engine's connections live; default: a fresh one). ``precision``:
+    the embedded engine's policy (the trainer's), which the header records as the run's ``precision``.
     """
     from agentboost.rollout.run import PreparedRun, run_rollouts_async
 
     limits = spec.resolve_limits(environment.limits)
-    prepared = PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits)
+    run_tasks = RunTasks(environment, lambda: tasks)
+    prepared = PreparedRun(spec, environment, run_tasks, limits, precision=precision)
     try:
         run(
             run_rollouts_async(

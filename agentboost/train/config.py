@@ -145,6 +145,9 @@ class RolloutConfig:
     engine_memory_gib: float | None = None
     """GiB of KV the embedded engine may hold: its running batch and prefix cache together (None: the
     engine's 2 GiB). A smaller budget runs fewer rollouts' decode steps at once, never different ones."""
+    cuda_graphs: bool = False
+    """The embedded engine's decode steps as CUDA graphs, padded to batch-size buckets (a CUDA GPU only;
+    UNVERIFIED on CUDA, so off: see agentboost/engines/embedded/cuda_graphs.py and docs/engines.md)."""
 
     def problems(self) -> list[str]:
         environments = "(or null for the environment's)"

@@ -163,6 +163,7 @@ class Trainer(TrainingLoop):
             onednn_linears=False,
             packed_weights=False,
             precision=self.precision,  # the trainer's compute dtype: bfloat16 autocast on CUDA
+            cuda_graphs=config.rollout.cuda_graphs,
             **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
         )
 
@@ -259,6 +260,7 @@ class Trainer(TrainingLoop):
             path,
             on_result=on_result,
             run=self._rollout_loop.run,
+            precision=self.precision,
         )
 
     # --- the loop (TrainingLoop.train runs it) ---------------------------------------------------------

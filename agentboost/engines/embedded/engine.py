@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from agentboost.engines.base import Generation, RolloutKey, SamplingParams, check_max_new_tokens
+from agentboost.engines.embedded import cuda_graphs as cuda_graphs_module
 from agentboost.engines.embedded.model_step import ModelStep
 from agentboost.engines.embedded.prefix_cache import PrefixCache, PrefixCacheStats
 from agentboost.engines.embedded.scheduler import Scheduler, _Request, _Run
@@ -84,6 +85,10 @@ class LocalEngine(Scheduler, ModelStep):
     layers in one function instead of through its modules (:mod:`agentboost.engines.embedded.direct_forward`,
     checked against transformers' forward before its first use; ``direct_forward=False``: transformers'
     forward).
+
+    ``cuda_graphs=True`` (a model on a CUDA GPU only; UNVERIFIED on CUDA, off by default) captures decode
+    steps as CUDA graphs, the batch padded to the smallest of ``cuda_graph_buckets`` that holds it
+    (:mod:`agentboost.engines.embedded.cuda_graphs`).
     """
 
     def __init__(
@@ -101,6 +106,8 @@ class LocalEngine(Scheduler, ModelStep):
         native_attention: bool = True,
         direct_forward: bool = True,
         precision: precision_module.Precision | None = None,
+        cuda_graphs: bool = False,
+        cuda_graph_buckets: Sequence[int] = cuda_graphs_module.DEFAULT_BUCKETS,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -116,6 +123,10 @@ class LocalEngine(Scheduler, ModelStep):
             direct_forward = onednn_linears = False
             causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
             self._decoder, self._head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+        # decode steps as CUDA graphs (None: eager steps, the default and the only choice off CUDA)
+        self._graphs = None
+        if cuda_graphs:
+            self._graphs = cuda_graphs_module.DecodeGraphs.for_device(self.device, cuda_graph_buckets)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name or getattr(model.config, "name_or_path", "model")
@@ -299,6 +310,8 @@ class LocalEngine(Scheduler, ModelStep):
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
         self._set_batch([])
         self.prefix_cache.clear()
+        if self._graphs is not None:
+            self._graphs.release()
         if self._linears is not None:
             self._linears.release()
         trim_heap()
