@@ -126,7 +126,7 @@ class DecodeGraphs:
         return bucket_for(rows, self.buckets)
 
     def release(self) -> None:
-        """Drop every graph and its buffers (the engine closes, or its batch ends)."""
+        """Drop every graph and its views of the batch's buffers (the batch ended, or the engine closed)."""
         self._statics.clear()
         self._pool = None
 
@@ -201,7 +201,8 @@ class DecodeGraphs:
                 self._run(static, forward)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread-local: the scheduler thread captures; CUDA work on another thread must not void it
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             static.logits = self._run(static, forward)
         self._pool = graph.pool()
         static.graph = graph

@@ -310,8 +310,6 @@ class LocalEngine(Scheduler, ModelStep):
         """Free every KV tensor (a closed engine may stay referenced) and give the pages back."""
         self._set_batch([])
         self.prefix_cache.clear()
-        if self._graphs is not None:
-            self._graphs.release()
         if self._linears is not None:
             self._linears.release()
         trim_heap()

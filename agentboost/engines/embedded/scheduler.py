@@ -186,6 +186,8 @@ class Scheduler:
 
         self._cache, self._mask, self._batch_kv = [], None, None  # the old buffer goes once parts are copied
         if not parts:
+            if self._graphs is not None:  # their views would keep the last batch's buffer alive
+                self._graphs.release()
             return
         self._use_batch(BatchKV(parts, self._reserved_width(self._rows), **self._padding(len(self._rows))))
 
