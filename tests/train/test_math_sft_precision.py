@@ -64,6 +64,7 @@ def test_the_math_sft_stage_in_bfloat16_compute_ends_within_ten_percent_of_float
         # the loss after the last update, on the first batch, in float32 for both: only the weights differ
         trainer.policy.precision = precision.of_model(trainer.model)
         losses[compute] = [*run, trainer.loss_on(held)]
+        print(f"{compute}: SFT loss by step, then after the last update: {losses[compute]}")
         trainer.close()
     float32, bfloat16 = losses["float32"], losses["bfloat16"]
     assert float32[-1] < 0.5 * float32[0], losses  # it learns in float32: the comparison means something
