@@ -350,7 +350,9 @@ def table(rows: list[Row]) -> str:
             )
         },
         "CUDA graphs vs eager: same ids / max logprob gap": lambda r: (
-            f"{r.graphs_same_ids:.0%} / {r.graphs_logprob_max:.1e}"
+            "n/a (CUDA only)"
+            if r.graphs_same_ids != r.graphs_same_ids  # nan: not run
+            else f"{r.graphs_same_ids:.0%} / {r.graphs_logprob_max:.1e}"
         ),
         "GRPO step, median s": lambda r: f"{r.step_s:.2f}",
         "peak GPU memory, GiB": lambda r: f"{r.peak_gib:.2f}",
