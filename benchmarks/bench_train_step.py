@@ -10,9 +10,11 @@ bucketing against one batch padded to the longest sequence.
 
     python benchmarks/bench_train_step.py [--model smollm2-135m-instruct] [--sequences 16]
     python benchmarks/bench_train_step.py --compute-dtype bfloat16   # float32 weights, bfloat16 autocast
+    python benchmarks/bench_train_step.py --compute-dtype float32 bfloat16   # both, side by side
 
 ``--compute-dtype`` sets ``model.compute_dtype`` (docs/training.md, "Precision"); the bare baseline runs
-under the same autocast, so the two lines compare like with like.
+under the same autocast, so the two lines compare like with like. Given several, each is measured in
+turn in one process (the same synthetic rollouts) and a table puts them side by side.
 """
 
 from __future__ import annotations
@@ -75,14 +77,26 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    parser.add_argument(
+        "--compute-dtype", nargs="+", choices=["auto", "float32", "bfloat16"], default=["auto"]
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    figures = {compute: measure(args, compute) for compute in args.compute_dtype}
+    if len(figures) > 1:
+        names = list(figures)
+        print("\n| median s | " + " | ".join(str(figures[n]["precision"]) for n in names) + " |")
+        print("| --- |" + " ---: |" * len(names))
+        for key in ("bare forward+backward", "trainer update", "one AdamW step"):
+            print(f"| {key} | " + " | ".join(f"{figures[n][key]:.2f}" for n in names) + " |")
 
+
+def measure(args: argparse.Namespace, compute_dtype: str) -> dict[str, float | str]:
+    """One compute dtype's medians of ``args.repeats``, printed as they come and returned."""
     with tempfile.TemporaryDirectory() as scratch:
         config = config_from_dict(
             {
-                "model": {"name_or_path": args.model, "compute_dtype": args.compute_dtype},
+                "model": {"name_or_path": args.model, "compute_dtype": compute_dtype},
                 "environment": {"train_tasks": 64},
                 "optimizer": {"lr": 1e-6, "micro_batch_tokens": args.micro_batch_tokens},
                 "output_dir": scratch,
@@ -142,6 +156,12 @@ def main() -> None:
         f"padding: {1 - real / padded:.1%} with bucketing (budget {args.micro_batch_tokens} tokens), "
         f"{1 - one_batch.real_tokens / one_batch.padded_tokens:.1%} as one batch padded to the longest"
     )
+    return {
+        "precision": trainer.precision.describe(),
+        "bare forward+backward": bare_s,
+        "trainer update": update_s,
+        "one AdamW step": adam_s,
+    }
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ on CUDA; ``float32``: float32 through and through):
 2. exactness: sampled rollouts (temperature 1) of the final model from the embedded engine in that
    precision, their stored logprobs against a teacher-forced float32 pass (``tests/exactness_support``)
    and against the trainer's own pass in that precision (the gap ``algorithm.off_policy`` corrects);
-3. speed: the engine against transformers' ``generate`` at batch 1 and 16 (tokens/s).
+3. speed: the engine against transformers' ``generate`` at batch 1 and 16 (tokens/s);
+4. on CUDA, the engine with its decode steps captured as CUDA graphs (``cuda_graphs=True``, off by
+   default and unverified until this runs): the same seeded rollouts as the eager engine (the share
+   with the same ids, the largest logprob difference) and its tokens/s at batch 1 and 16.
 
 It prints one table: held-out before / after SFT / after GRPO, SFT loss, the GRPO steps'
 ``mismatch/*``, the sampled-vs-teacher-forced gaps, tok/s, the median GRPO step time and peak GPU memory.
@@ -36,6 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,6 +67,8 @@ class Row:
     forced_fp32: tuple[float, float] = (float("nan"), float("nan"))  # mean, max |stored - forced|
     forced_own: tuple[float, float] = (float("nan"), float("nan"))
     tok_s: dict[str, float] = field(default_factory=dict)
+    graphs_same_ids: float = float("nan")  # share of rollouts the graphed engine sampled id for id
+    graphs_logprob_max: float = float("nan")  # largest |graphed - eager| logprob over their common ids
     step_s: float = float("nan")
     peak_gib: float = float("nan")
     seconds: float = 0.0
@@ -247,14 +253,7 @@ def exactness_and_speed(args: argparse.Namespace, row: Row, model_dir: Path) -> 
         new = args.new_tokens
         for size in (1, 16):
             prompts = rows[:size]
-            asyncio.run(run(prompts, 4))  # warm-up
-            synchronize(args.device)
-            started = time.perf_counter()
-            done = asyncio.run(run(prompts, new))
-            synchronize(args.device)
-            row.tok_s[f"engine b{size}"] = sum(len(g.token_ids) for g in done) / (
-                time.perf_counter() - started
-            )
+            row.tok_s[f"engine b{size}"] = engine_tok_s(args, run, prompts, new)
             width = max(len(p) for p in prompts)
             ids = torch.zeros((size, width), dtype=torch.long, device=args.device)
             attention = torch.zeros_like(ids)
@@ -273,6 +272,50 @@ def exactness_and_speed(args: argparse.Namespace, row: Row, model_dir: Path) -> 
                 model.generate(input_ids=ids, attention_mask=attention, pad_token_id=0, **options)
                 synchronize(args.device)
             row.tok_s[f"generate b{size}"] = size * new / (time.perf_counter() - started)
+    finally:
+        engine.close()
+    if args.device.startswith("cuda"):
+        graphed_engine(args, row, model, precision, rows, generations)
+
+
+def engine_tok_s(args: argparse.Namespace, run: Any, prompts: list[list[int]], new: int) -> float:
+    """Tokens/s of ``run(prompts, new)`` (a warm-up of 4 tokens first)."""
+    asyncio.run(run(prompts, 4))
+    synchronize(args.device)
+    started = time.perf_counter()
+    done = asyncio.run(run(prompts, new))
+    synchronize(args.device)
+    return sum(len(g.token_ids) for g in done) / (time.perf_counter() - started)
+
+
+def graphed_engine(
+    args: argparse.Namespace, row: Row, model: Any, precision: Any, rows: list[list[int]], eager: list[Any]
+) -> None:
+    """The engine with CUDA-graphed decode steps: the eager engine's seeded rollouts again, and tok/s."""
+    from agentboost.engines.base import SamplingParams
+    from agentboost.engines.embedded.engine import LocalEngine
+
+    engine = LocalEngine(model, precision=precision, name="gpu-check-graphs", cuda_graphs=True)
+    sampled = SamplingParams(temperature=1.0, seed=0)
+
+    async def run(prompts, new):
+        return await asyncio.gather(*(engine.generate(p, sampled, max_new_tokens=new) for p in prompts))
+
+    try:
+        graphed = asyncio.run(run(rows[: args.rollouts], 48))
+        same = worst = 0.0
+        for plain, ours in zip(eager, graphed, strict=True):
+            same += plain.token_ids == ours.token_ids
+            common = 0
+            while common < min(len(plain.token_ids), len(ours.token_ids)) and (
+                plain.token_ids[common] == ours.token_ids[common]
+            ):
+                common += 1
+            gaps = [abs(a - b) for a, b in zip(plain.logprobs[:common], ours.logprobs[:common], strict=True)]
+            worst = max([worst, *gaps])
+        row.graphs_same_ids, row.graphs_logprob_max = same / max(1, len(graphed)), worst
+        for size in (1, 16):
+            row.tok_s[f"engine+graphs b{size}"] = engine_tok_s(args, run, rows[:size], args.new_tokens)
     finally:
         engine.close()
 
@@ -297,8 +340,20 @@ def table(rows: list[Row]) -> str:
         "sampled vs the trainer's own pass, mean / max": lambda r: pair(r.forced_own),
         **{
             f"tok/s, {name}": (lambda r, name=name: f"{r.tok_s.get(name, float('nan')):.0f}")
-            for name in ("engine b1", "generate b1", "engine b16", "generate b16")
+            for name in (
+                "engine b1",
+                "engine+graphs b1",
+                "generate b1",
+                "engine b16",
+                "engine+graphs b16",
+                "generate b16",
+            )
         },
+        "CUDA graphs vs eager: same ids / max logprob gap": lambda r: (
+            "n/a (CUDA only)"
+            if r.graphs_same_ids != r.graphs_same_ids  # nan: not run
+            else f"{r.graphs_same_ids:.0%} / {r.graphs_logprob_max:.1e}"
+        ),
         "GRPO step, median s": lambda r: f"{r.step_s:.2f}",
         "peak GPU memory, GiB": lambda r: f"{r.peak_gib:.2f}",
         "wall time, s": lambda r: f"{r.seconds:.0f}",

@@ -59,15 +59,16 @@ class Precision:
         """float32 through and through: engine and trainer logprobs agree to float rounding (~1e-6)."""
         return self.weights == torch.float32 and self.compute == torch.float32
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self, *, cache: bool = True) -> contextlib.AbstractContextManager[Any]:
         """The context of a forward pass: autocast to ``compute`` when it differs from the weights.
 
         Enter it per forward pass, not once for a thread's life: autocast keeps its casts of the weights
         until the outermost context exits, and an optimizer step in between would make them stale.
+        ``cache=False`` keeps no casts at all (a pass captured as a CUDA graph).
         """
         if not self.autocasts:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.compute)
+        return torch.autocast(self.device_type, dtype=self.compute, cache_enabled=cache)
 
     def describe(self) -> str:
         """One line for logs: ``float32 weights, bfloat16 autocast compute (cuda)``."""

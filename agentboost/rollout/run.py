@@ -19,10 +19,13 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentboost.errors import ConfigError
 from agentboost.rollout.spec import RAY, RunSpec
+
+if TYPE_CHECKING:
+    from agentboost.models.precision import Precision
 
 __all__ = ["PreparedRun", "RunSpec", "executing", "prepare_run", "run_rollouts", "run_rollouts_async"]
 
@@ -38,6 +41,9 @@ class PreparedRun:
     limits: Any
     servers: list[dict[str, Any]] = field(default_factory=list)
     """What the remote servers said they are (version, model, dtype, logprobs); [] for the local engine."""
+    precision: Precision | None = None
+    """The embedded engine's :class:`~agentboost.models.precision.Precision` when the caller made the
+    engine (a trainer: its own policy); None: the policy ``agentboost rollout`` serves with."""
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -52,7 +58,9 @@ class PreparedRun:
         if self.spec.engine == "local":
             from agentboost.models import precision
 
-            served = precision.resolve_precision(device=precision.default_device(), trains=False)
+            served = self.precision or precision.resolve_precision(
+                device=precision.default_device(), trains=False
+            )
             record["precision"] = served.as_dict()
         return record
 

@@ -260,6 +260,7 @@ class AsyncCollector:
             trainer.run_dir / "rollouts" / f"step_{origin:06d}.jsonl",
             on_result=lambda result: self._arrived(collection, result, order),
             run=self.loop.run,
+            precision=trainer.precision,
         )
         for result in results:  # results read back from a resumed file were never announced
             self._arrived(collection, result, order)

@@ -12,7 +12,7 @@ import asyncio
 import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentboost.envs.base import Environment, Outcome, RolloutResult
 from agentboost.errors import SettingsChangedError, TooManyFailuresError
@@ -22,6 +22,9 @@ from agentboost.rollout.runner import RunTasks, plan_jobs
 from agentboost.rollout.spec import RunSpec
 from agentboost.tokens.tokenizer import Tokenizer
 from agentboost.train.config import EvalConfig, ModelConfig, RolloutConfig
+
+if TYPE_CHECKING:
+    from agentboost.models.precision import Precision
 
 
 def result_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
@@ -148,6 +151,7 @@ def collect_rollouts(
     *,
     on_result: Callable[[RolloutResult], None],
     run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+    precision: Precision | None = None,
 ) -> list[RolloutResult]:
     """Run ``tasks x spec.samples`` rollouts through the runner as ``spec`` says, resuming ``path``;
     results in job order.
@@ -156,11 +160,12 @@ def collect_rollouts(
     :class:`~agentboost.errors.SettingsChangedError`. ``run`` runs the collection's coroutine (the
     trainer's own event loop, where its engine's connections live; default: a fresh one). With
     ``spec.workers`` (processes, or ``ray``) the rollouts run there against ``spec.urls``, and
-    ``engine`` only syncs weights.
+    ``engine`` only syncs weights. ``precision``: the embedded engine's policy (the trainer's), which
+    the header records as the run's ``precision``.
     """
     from agentboost.rollout.run import run_rollouts_async
 
-    prepared = _prepared(environment, spec, tasks)
+    prepared = _prepared(environment, spec, tasks, precision)
     try:
         run(
             run_rollouts_async(
@@ -184,12 +189,14 @@ def collect_rollouts(
     return [by_key[(job.task_id, job.sample)] for job in jobs]
 
 
-def _prepared(environment: Environment, spec: RunSpec, tasks: Sequence[Any]) -> Any:
+def _prepared(
+    environment: Environment, spec: RunSpec, tasks: Sequence[Any], precision: Precision | None = None
+) -> Any:
     """The :class:`~agentboost.rollout.run.PreparedRun` of ``tasks`` under ``spec``."""
     from agentboost.rollout.run import PreparedRun
 
     limits = spec.resolve_limits(environment.limits)
-    return PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits)
+    return PreparedRun(spec, environment, RunTasks(environment, lambda: tasks), limits, precision=precision)
 
 
 def write_results(
@@ -198,13 +205,14 @@ def write_results(
     tasks: Sequence[Any],
     results: Sequence[RolloutResult],
     path: Path,
+    precision: Precision | None = None,
 ) -> None:
     """Write ``results`` (of ``tasks`` under ``spec``) as the results file ``path`` that
     :func:`collect_rollouts` would have written, replacing it at once (a staging file renamed into
     place): the file a data-parallel step assembles from its ranks' shares."""
     from agentboost.rollout.results import ResultStore
 
-    prepared = _prepared(environment, spec, tasks)
+    prepared = _prepared(environment, spec, tasks, precision)
     staging = path.with_name(f".{path.name}.staging")
     with ResultStore(
         staging, resume=False, fsync=False, identity=prepared.identity, environment_name=environment.name

@@ -166,6 +166,10 @@ class RolloutConfig:
         """Whether the asynchronous collector (agentboost/train/async_collect.py) collects the rollouts."""
         return self.max_staleness > 0 if self.asynchronous is None else self.asynchronous
 
+    cuda_graphs: bool = False
+    """The embedded engine's decode steps as CUDA graphs, padded to batch-size buckets (a CUDA GPU only;
+    UNVERIFIED on CUDA, so off: see agentboost/engines/embedded/cuda_graphs.py and docs/engines.md)."""
+
     def problems(self) -> list[str]:
         environments = "(or null for the environment's)"
         return _failing(

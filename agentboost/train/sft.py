@@ -464,6 +464,7 @@ class SFTTrainer(TrainingLoop):
             tasks,
             self.run_dir / "evals" / f"step_{step:06d}.jsonl",
             on_result=self._phase(bar, f"eval @{step}", len(tasks) * evaluation.samples),
+            precision=self.precision,
         )
         metrics = {f"eval/{name}": value for name, value in result_metrics(results).items()}
         self.eval_rewards[step] = metrics["eval/reward_mean"]

@@ -187,6 +187,7 @@ class Trainer(TrainingLoop):
             onednn_linears=False,
             packed_weights=False,
             precision=self.precision,  # the trainer's compute dtype: bfloat16 autocast on CUDA
+            cuda_graphs=config.rollout.cuda_graphs,
             **({} if budget is None else {"memory_budget_bytes": int(budget * 2**30)}),
         )
 
@@ -291,6 +292,7 @@ class Trainer(TrainingLoop):
                 out,
                 on_result=on_result,
                 run=self._rollout_loop.run,
+                precision=self.precision,
             )
 
         if not self.ranks.distributed:
@@ -300,7 +302,9 @@ class Trainer(TrainingLoop):
             tasks,
             path,
             samples=spec.samples,
-            write=lambda results, out: write_results(self.environment, spec, tasks, results, out),
+            write=lambda results, out: write_results(
+                self.environment, spec, tasks, results, out, precision=self.precision
+            ),
         )
 
     # --- the loop (TrainingLoop.train runs it) ---------------------------------------------------------

@@ -16,6 +16,7 @@ from conftest import tiny_qwen3
 from train_toy_env import FirstToken, save_toy_model
 
 from agentboost.models import precision
+from agentboost.rollout.results import read_header
 from agentboost.train.config import config_from_dict
 from agentboost.train.logging import read_metrics
 from agentboost.train.sft import SFTTrainer, load_sft_config
@@ -42,6 +43,11 @@ def tiny_model_dir(qwen_tokenizer, tmp_path_factory):
     tiny_qwen3(seed=0, hidden=64).save_pretrained(directory)
     qwen_tokenizer.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def toy_model_dir(qwen_tokenizer, tmp_path_factory):
+    return save_toy_model(tmp_path_factory.mktemp("toy-precision"), qwen_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +147,9 @@ def test_sft_in_bfloat16_compute_makes_float32_progress_where_bfloat16_weights_d
 
 
 def test_a_grpo_step_in_bfloat16_compute_learns_corrects_and_logs_the_mismatch(
-    qwen_tokenizer, tmp_path_factory, tmp_path
+    qwen_tokenizer, toy_model_dir, tmp_path
 ):
-    model_dir = save_toy_model(tmp_path_factory.mktemp("toy-precision"), qwen_tokenizer)
+    model_dir = toy_model_dir
     (line_break,) = qwen_tokenizer.encode("\n", add_special_tokens=False)
     config = config_from_dict(
         {
@@ -178,6 +184,11 @@ def test_a_grpo_step_in_bfloat16_compute_learns_corrects_and_logs_the_mismatch(
     moved = sum(int((p.detach() != before[n]).any()) for n, p in trainer.model.named_parameters())
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     assert moved == len(before)
+    # every step's rollouts file says what the engine sampled in: the trainer's policy, not the policy an
+    # `agentboost rollout` would serve in (float32 compute on this CPU)
+    for step in (0, 1):
+        header = read_header(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl")
+        assert header["run"]["precision"] == {"weights": "float32", "compute": "bfloat16", "device": "cpu"}
 
 
 def test_the_off_policy_correction_is_none_in_float32_and_icepop_in_bfloat16_unless_chosen():
@@ -196,3 +207,27 @@ def test_the_off_policy_correction_is_none_in_float32_and_icepop_in_bfloat16_unl
         load_config(None, ["algorithm.tis_cap=2", "algorithm.off_policy.correction=icepop"])
     with pytest.raises(ConfigError, match="0 <= low < 1 < high"):
         load_config(None, ["algorithm.off_policy.low=1.2"])
+
+
+def test_graphed_decode_steps_are_asked_for_in_the_rollout_section_and_refused_without_a_gpu(
+    qwen_tokenizer, toy_model_dir, tmp_path
+):
+    """`rollout.cuda_graphs` reaches the trainer's engine: off by default, a config error on this CPU."""
+    from agentboost.errors import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the switch is allowed")
+    model_dir = toy_model_dir
+    (line_break,) = qwen_tokenizer.encode("\n", add_special_tokens=False)
+    settings = {
+        "model": {"name_or_path": str(model_dir)},
+        "rollout": {"tasks_per_step": 1, "group_size": 2},
+        "eval": {"every": 0},
+        "logging": {"progress": False},
+        "steps": 1,
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert config_from_dict(settings).rollout.cuda_graphs is False
+    settings["rollout"]["cuda_graphs"] = True
+    with pytest.raises(ConfigError, match="cuda_graphs needs a model on a CUDA GPU"):
+        Trainer(config_from_dict(settings), environment=FirstToken(line_break))

@@ -129,6 +129,10 @@ class BatchKV:
     (``max_width`` is the widest the caller reserved memory for). ``layout`` is required when no part
     has keys and values. Pass :attr:`cache` to the model with the mask from :meth:`next_mask`; the
     model's forward writes the new keys and values in place.
+
+    ``pad_rows`` rows of zeros (mask 0) follow the parts, and ``zeroed`` makes every column past the
+    width zero too: the batch of a graphed decode step, padded to its bucket and attended over its
+    whole capacity (:mod:`agentboost.engines.embedded.cuda_graphs`). Both off: the eager engine's batch.
     """
 
     def __init__(
@@ -136,6 +140,9 @@ class BatchKV:
         parts: Sequence[tuple[Layers | None, torch.Tensor]],
         max_width: int,
         layout: Layout | None = None,
+        *,
+        pad_rows: int = 0,
+        zeroed: bool = False,
     ) -> None:
         known = next((layers for layers, _ in parts if layers is not None), None)
         if known is not None:
@@ -143,7 +150,9 @@ class BatchKV:
         if layout is None:
             raise ValueError("a BatchKV of prefill rows only needs the layout of its layers")
         first_mask = parts[0][1]
-        self.rows = sum(mask.shape[0] for _, mask in parts)
+        self.rows = sum(mask.shape[0] for _, mask in parts) + pad_rows
+        self._zeroed = zeroed
+        allocate = torch.zeros if zeroed else torch.empty
         self.width = max(mask.shape[1] for _, mask in parts)
         capacity = max(self.width + 1, min(self.width + HEADROOM, max_width))
         # layers whose keys and values share a shape (but the width) and dtype share a buffer
@@ -161,7 +170,7 @@ class BatchKV:
             self._slots.append((group, counts[group]))
             counts[group] += 1
         self._buffers = [
-            torch.empty((count, 2, self.rows, shape[0], capacity, shape[1]), dtype=dtype, device=device)
+            allocate((count, 2, self.rows, shape[0], capacity, shape[1]), dtype=dtype, device=device)
             for (shape, dtype, device), count in zip(shapes, counts, strict=True)
         ]
         self._mask_buffer = first_mask.new_zeros((self.rows, capacity))
@@ -265,7 +274,8 @@ class BatchKV:
         columns = max([self.width, *filled])  # layers a forward already extended keep their column
         grown = []
         for buffer in self._buffers:
-            bigger = buffer.new_empty((*buffer.shape[:4], capacity, buffer.shape[5]))
+            shape = (*buffer.shape[:4], capacity, buffer.shape[5])
+            bigger = buffer.new_zeros(shape) if self._zeroed else buffer.new_empty(shape)
             bigger[..., :columns, :] = buffer[..., :columns, :]
             grown.append(bigger)
         self._buffers = grown  # the old ones are freed as the layers re-point
@@ -284,6 +294,20 @@ class BatchKV:
 
     def mask(self) -> torch.Tensor:
         return self._mask_buffer[:, : self.width]
+
+    def full_mask(self) -> torch.Tensor:
+        """The mask over the buffer's whole capacity, ``[rows, capacity]`` (0 past the width)."""
+        return self._mask_buffer
+
+    def layer_buffers(self) -> list[tuple[torch.Tensor, int]]:
+        """Per layer, its group's buffer ``[layers, 2, rows, kv_heads, capacity, D]`` and its index."""
+        return [(self._buffers[group], index) for group, index in self._slots]
+
+    def advance(self) -> None:
+        """After a step that wrote column ``width - 1`` without the layers (a graphed step): the layers'
+        views take it in."""
+        for layer, (group, _) in zip(self._layers, self._slots, strict=True):
+            layer.point(self._buffers[group], self.width)
 
     def layers(self) -> Layers:
         """Per layer, views of the filled columns: ``[rows, kv_heads, width, head_dim]``."""

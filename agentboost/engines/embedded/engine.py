@@ -84,6 +84,10 @@ class LocalEngine(Scheduler, ModelStep):
     layers in one function instead of through its modules (:mod:`agentboost.engines.embedded.direct_forward`,
     checked against transformers' forward before its first use; ``direct_forward=False``: transformers'
     forward).
+
+    ``cuda_graphs=True`` (a model on a CUDA GPU only; UNVERIFIED on CUDA, off by default) captures decode
+    steps as CUDA graphs, the batch padded to the smallest of ``cuda_graph_buckets`` (None: 1, 2, 4, ..., 64)
+    that holds it (:mod:`agentboost.engines.embedded.cuda_graphs`).
     """
 
     def __init__(
@@ -101,6 +105,8 @@ class LocalEngine(Scheduler, ModelStep):
         native_attention: bool = True,
         direct_forward: bool = True,
         precision: precision_module.Precision | None = None,
+        cuda_graphs: bool = False,
+        cuda_graph_buckets: Sequence[int] | None = None,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ConfigError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
@@ -116,6 +122,13 @@ class LocalEngine(Scheduler, ModelStep):
             direct_forward = onednn_linears = False
             causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
             self._decoder, self._head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+        # decode steps as CUDA graphs (None: eager steps, the default and the only choice off CUDA)
+        self._graphs = None
+        if cuda_graphs:  # imported here: it imports transformers, which `import agentboost` does not
+            from agentboost.engines.embedded import cuda_graphs as graphs_module
+
+            buckets = graphs_module.DEFAULT_BUCKETS if cuda_graph_buckets is None else cuda_graph_buckets
+            self._graphs = graphs_module.DecodeGraphs.for_device(self.device, buckets)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name or getattr(model.config, "name_or_path", "model")

@@ -67,7 +67,9 @@ class ModelStep:
         # decode steps without transformers' module machinery, for the model families it knows (checked
         # against transformers' forward before its first use)
         self.direct_forward_reason = None if direct_forward else "direct_forward=False"
-        if not self.precision.exact:
+        if self._graphs is not None:
+            self.direct_forward_reason = "cuda_graphs: graphed steps run transformers' forward"
+        elif not self.precision.exact:
             self.direct_forward_reason = f"float32 only ({self.precision.describe()})"
         if self.direct_forward_reason is None:
             self.direct_forward_reason = direct_forward_module.unsupported_reason(model)
@@ -85,6 +87,7 @@ class ModelStep:
         config = model.config
         widest = max(getattr(config, "intermediate_size", 0) or 0, getattr(config, "hidden_size", 0) or 0)
         self._activation_row_bytes = widest * next(model.parameters()).element_size()
+        self._autocast_cache = True  # off while a CUDA graph is captured (cached casts must not outlive it)
 
     # --- weights and the prefix cache --------------------------------------------------------------
 
@@ -130,7 +133,7 @@ class ModelStep:
             # the decoder under the policy's autocast (entered per pass: its weight casts must not outlive
             # an optimizer step), then the last position's logits in float32, as the trainer takes them
             assert self._decoder is not None
-            with self.precision.autocast():
+            with self.precision.autocast(cache=self._autocast_cache):
                 hidden = self._decoder(**inputs).last_hidden_state[:, -1:, :]  # [B, 1, H]
             return _Logits(precision_module.head_logits(self._head, hidden))  # logits [B, 1, V] float32
         if self._logits_to_keep:
@@ -172,9 +175,10 @@ class ModelStep:
             mask[row, past - length : past] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         mask = mask.to(self.device)
-        parts: list[tuple[Any, torch.Tensor]] = [(self._cache, self._mask)] if join and self._rows else []
+        parts: list[tuple[Any, torch.Tensor]] = [self._running_part()] if join and self._rows else []
         parts.append((None, mask))
-        kv = BatchKV(parts, max_width, layout=self._layout())
+        padding = self._padding(len(self._rows) + rows) if join else {}
+        kv = BatchKV(parts, max_width, layout=self._layout(), **padding)
         part = len(parts) - 1
         first_row, first_column = kv.part_start(part)
         for row, (length, pieces) in enumerate(matches):
@@ -204,6 +208,24 @@ class ModelStep:
                 del output
         self._trim_now = self._trim_now or large
         return logits, kv, part, cached
+
+    def _running_part(self) -> tuple[Any, torch.Tensor]:
+        """The running rows' KV and mask, without a graphed batch's padding rows."""
+        assert self._mask is not None
+        rows = len(self._rows)
+        if self._mask.shape[0] == rows:
+            return self._cache, self._mask
+        return [(keys[:rows], values[:rows]) for keys, values in self._cache], self._mask[:rows]
+
+    def _padding(self, rows: int) -> dict[str, Any]:
+        """BatchKV's options for a batch of ``rows``: padded to its bucket and zeroed when decode steps
+        are graphed and a bucket holds it, else none."""
+        if self._graphs is None:
+            return {}
+        bucket = self._graphs.bucket_for(rows)
+        if bucket is None:
+            return {}
+        return {"pad_rows": bucket - rows, "zeroed": True}
 
     def _layout(self) -> Any:
         """The layout of the model's keys and values, from a one-token forward the first time."""
@@ -310,6 +332,17 @@ class ModelStep:
         ):
             self._trim()
         rows = len(self._rows)
+        if self._graphs is not None and kv.rows == self._graphs.bucket_for(rows):  # padded to its bucket
+            kv.next_mask()
+            logits = self._graphs.step(
+                self._static_forward, kv, self._last_ids, self._lengths, self._current_epoch()
+            )
+            kv.advance()
+            self._cache, self._mask = kv.layers(), kv.mask()
+            self._lengths = [length + 1 for length in self._lengths]
+            self.steps += 1
+            self._sample(logits, first_row=0)
+            return
         input_ids = torch.tensor(self._last_ids, dtype=torch.long, device=self.device).view(rows, 1)
         positions = torch.tensor(self._lengths, dtype=torch.long, device=self.device).view(rows, 1)
         if self._use_direct():
@@ -330,6 +363,15 @@ class ModelStep:
         self._lengths = [length + 1 for length in self._lengths]
         self.steps += 1
         self._sample(logits, first_row=0)
+
+    def _static_forward(self, *, cache: Any, **inputs: Any) -> torch.Tensor:
+        """A graphed step's pass (:mod:`agentboost.engines.embedded.cuda_graphs`): last-position logits."""
+        self._autocast_cache = False
+        try:
+            output = self._forward(**inputs, **{self._cache_argument: cache})
+        finally:
+            self._autocast_cache = True
+        return output.logits[:, -1, :]
 
     def _use_direct(self) -> bool:
         """Whether this pass runs through the direct forward: checked once against transformers', and

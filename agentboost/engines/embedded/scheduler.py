@@ -186,8 +186,10 @@ class Scheduler:
 
         self._cache, self._mask, self._batch_kv = [], None, None  # the old buffer goes once parts are copied
         if not parts:
+            if self._graphs is not None:  # their views would keep the last batch's buffer alive
+                self._graphs.release()
             return
-        self._use_batch(BatchKV(parts, self._reserved_width(self._rows)))
+        self._use_batch(BatchKV(parts, self._reserved_width(self._rows), **self._padding(len(self._rows))))
 
     def _use_batch(self, kv: Any) -> None:
         self._batch_kv, self._cache, self._mask = kv, kv.layers(), kv.mask()
