@@ -228,12 +228,16 @@ class RayPool:
     async def _set_up(self, actor: _Actor) -> None:
         """Wait for ``actor``'s setup; ClusterPreflightError when it cannot run rollouts."""
         try:
-            hello = await asyncio.wait_for(_awaitable(actor.handle.setup.remote()), self.setup_timeout_s)
+            # the actor's engine check waits up to --server-down-timeout for a server still starting
+            waits = 0.0 if self.spec.engine == "local" else self.spec.server_down_timeout_s
+            hello = await asyncio.wait_for(
+                _awaitable(actor.handle.setup.remote()), self.setup_timeout_s + waits
+            )
         except asyncio.TimeoutError:
             self.ray.kill(actor.handle)
             raise ClusterPreflightError(
                 f"a Ray rollout actor did not finish its setup (environment, tokenizer, engine) within "
-                f"{self.setup_timeout_s:g} s and was killed; check that a node has "
+                f"{self.setup_timeout_s + waits:g} s and was killed; check that a node has "
                 f"{self.resources.summary()} free, or raise --worker-setup-timeout if loading is slow"
             ) from None
         except self.ray.exceptions.RayError as error:
@@ -298,6 +302,10 @@ class RayPool:
             except ClusterPreflightError as error:
                 crash = WorkerCrashed(str(error))
                 continue
+            except asyncio.CancelledError:  # the pool closed while it was setting up: it must not outlive it
+                with contextlib.suppress(Exception):
+                    self.ray.kill(replacement.handle)
+                raise
             if self._closing:
                 self.ray.kill(replacement.handle)
             else:

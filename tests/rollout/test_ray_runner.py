@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def ray_cluster():
     """Two 1-CPU Ray nodes on loopback with their own temp dir and ports, stopped afterwards."""
     temp_dir = tempfile.mkdtemp(prefix="ab-ray-runner-", dir="/tmp")
     loopback = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
@@ -66,6 +67,19 @@ def cluster():
             ray.shutdown()
             nodes.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The module's cluster with every CPU free: a test starts once the actors of the one before are gone
+    (an actor pinned to a busy 1-CPU node would wait for its CPU past the preflight's timeout)."""
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        assert time.monotonic() < deadline, (
+            f"an earlier test's actors still hold CPUs: {ray.available_resources()}"
+        )
+        time.sleep(0.5)
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +225,12 @@ def test_an_actor_killed_mid_run_has_its_rollouts_rerun_none_lost_or_duplicated(
 
 def test_a_cluster_that_cannot_reach_the_engine_is_refused_in_one_line(cluster, tokenizer_dir):
     spec = RunSpec(
-        "arithmetic", model=str(tokenizer_dir), engine="sglang", urls=["http://127.0.0.1:9"], workers="ray"
+        "arithmetic",
+        model=str(tokenizer_dir),
+        engine="sglang",
+        urls=["http://127.0.0.1:9"],
+        workers="ray",
+        server_down_timeout_s=0,  # refused at once, not after waiting for a server that might be starting
     )
     pool = RayPool(spec, setup_timeout_s=120)
 
