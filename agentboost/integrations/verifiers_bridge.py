@@ -7,7 +7,8 @@
 ENVIRONMENT is an importable module or a ``.py`` file defining ``load_environment(**env_args)``. A
 rollout reads its row from ``AGENTBOOST_TASK`` (the task's ``metadata.verifiers_row``) and talks to
 ``OPENAI_BASE_URL`` with ``OPENAI_API_KEY`` (agentboost's gateway session); its last stdout line is
-``{"reward", "metrics", "is_truncated"}``. Only the standard library and verifiers are used here.
+``{"reward", "metrics", "is_truncated", "stop_condition"}``. Only the standard library and verifiers
+are used here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ async def rollout(environment) -> None:
         "reward": output.get("reward"),
         "metrics": output.get("metrics") or {},
         "is_truncated": bool(output.get("is_truncated")),
+        "stop_condition": output.get("stop_condition"),
     }
     print(json.dumps(result, default=str))
 

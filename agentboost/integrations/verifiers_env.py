@@ -29,14 +29,22 @@ from agentboost.envs.task import Task
 from agentboost.errors import ConfigError, UnscorableError
 from agentboost.gateway.environment import GatewayEnvironment
 from agentboost.outcomes import Reward
-from agentboost.tokens.trajectory import Trajectory
+from agentboost.tokens.trajectory import TerminationReason, Trajectory
 
-__all__ = ["VERIFIERS_PYTHON_VARIABLE", "VerifiersEnvironment"]
+__all__ = ["STOPS", "VERIFIERS_PYTHON_VARIABLE", "VerifiersEnvironment"]
 
 VERIFIERS_PYTHON_VARIABLE = "AGENTBOOST_VERIFIERS_PYTHON"
 """The Python of a virtual environment with ``verifiers`` installed."""
 BRIDGE = str(Path(__file__).with_name("verifiers_bridge.py"))
 _ROW_KEY = "verifiers_row"
+
+STOPS: dict[str | None, TerminationReason] = {
+    "max_turns_reached": TerminationReason.MAX_TURNS,
+    "prompt_too_long": TerminationReason.CONTEXT_FULL,
+}
+"""verifiers' ``stop_condition`` -> agentboost's termination, for a rollout verifiers ended itself; any
+other condition (``no_tools_called``, ``has_final_env_response``, an environment's own ``@vf.stop``) is
+``completed``, unless a model turn was cut by its token limit (``is_truncated``): ``max_tokens``."""
 
 
 class VerifiersEnvironment(GatewayEnvironment):
@@ -117,15 +125,38 @@ class VerifiersEnvironment(GatewayEnvironment):
             raise ConfigError(f"task {task.id!r} is not a verifiers dataset row (it has no {_ROW_KEY!r})")
         return Episode(task, sample)
 
+    async def act(self, episode: Episode) -> Trajectory:
+        """The gateway session's trajectory, its ending translated from verifiers' (:data:`STOPS`)."""
+        trajectory = await super().act(episode)
+        if trajectory.termination is TerminationReason.COMPLETED:
+            scored = _scored(episode)
+            condition = scored.get("stop_condition")
+            stop = STOPS.get(condition) or (
+                TerminationReason.MAX_TOKENS if scored.get("is_truncated") else None
+            )
+            if stop is not None:
+                trajectory.termination = stop
+                trajectory.termination_detail = f"verifiers ended the rollout: {condition or 'is_truncated'}"
+        return trajectory
+
     def reward(self, trajectory: Trajectory, episode: Episode) -> Reward:
         """The rubric's score, as the bridge printed it on its last line."""
-        output = str(episode.info.get("agent_output") or "").strip().splitlines()
+        scored = _scored(episode)
         try:
-            scored = json.loads(output[-1])
             value = float(scored["reward"])
-        except (IndexError, ValueError, KeyError, TypeError) as error:
-            raise UnscorableError(f"the verifiers rollout printed no score: {output[-3:]!r}") from error
+        except (KeyError, ValueError, TypeError) as error:
+            raise UnscorableError(f"the verifiers rollout printed no score: {scored!r:.300}") from error
         metrics = {
             key: float(v) for key, v in scored.get("metrics", {}).items() if isinstance(v, int | float)
         }
         return Reward(value, metrics, {"is_truncated": bool(scored.get("is_truncated"))})
+
+
+def _scored(episode: Episode) -> dict[str, Any]:
+    """The bridge's last stdout line (``{"reward", "metrics", "is_truncated"}``); {} when it printed none."""
+    lines = str(episode.info.get("agent_output") or "").strip().splitlines()
+    try:
+        scored = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return {}
+    return scored if isinstance(scored, dict) else {}

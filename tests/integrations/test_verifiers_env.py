@@ -69,6 +69,7 @@ def test_a_tool_environment_runs_its_tools_through_the_gateway_in_one_exact_row(
         call = {"name": "add", "arguments": {"a": 12, "b": 30}}
         return say(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
 
+    call = {"name": "add", "arguments": {"a": 12, "b": 30}}
     engine = RecordingEngine(ScriptedEngine(script))
     result = asyncio.run(env.run_episode(env.tasks()[0], engine, qwen_tokenizer))
     trajectory = result.trajectory
@@ -83,6 +84,11 @@ def test_a_tool_environment_runs_its_tools_through_the_gateway_in_one_exact_row(
         (logprob is None) == (bit == 0)
         for logprob, bit in zip(trajectory.logprobs, trajectory.loss_mask, strict=True)
     )
+    # a model that only calls tools meets the ToolEnv's max_turns (3): agentboost's max_turns
+    looping = ScriptedEngine([say(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")], cycle=True)
+    result = asyncio.run(env.run_episode(env.tasks()[0], looping, qwen_tokenizer))
+    assert result.termination is TerminationReason.MAX_TURNS and result.trajectory.metrics["turns"] == 3
+    assert "max_turns_reached" in result.trajectory.termination_detail and result.reward == 0.0
 
 
 def test_eval_a_grpo_step_and_bad_configuration(qwen_tokenizer, say, tmp_path, monkeypatch):
