@@ -11,7 +11,13 @@ episode, its ``init``, each turn handed to ``step`` in a thread, the observation
 against a native environment giving the same instruction and scoring with the same ``compute_score``
 (two turns: a wrong answer, then the right one).
 
-    python benchmarks/bench_adapters.py [--rollouts 200] [--skyrl-gym]
+verifiers (``--verifiers PYTHON``, a virtual environment with verifiers 0.3.1): the test suite's
+``vf.SingleTurnEnv`` (tests/integrations/verifiers_arithmetic.py) through ``verifiers:...`` (a gateway
+session, the bridge subprocess importing verifiers and building the environment, its rubric) against a
+native environment with the same prompt and the same exact-match reward. Use a few rollouts (``--rollouts
+10``): each adapter rollout starts a Python process.
+
+    python benchmarks/bench_adapters.py [--rollouts 200] [--skyrl-gym] [--verifiers PYTHON]
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.base import Environment
@@ -86,6 +93,22 @@ class NativeGSM8kMultiTurn(Environment):
         return float(sum(episode.state["rewards"]))
 
 
+class NativeArithmetic(Environment):
+    """verifiers_arithmetic.py's first row and exact-match rubric as an agentboost environment."""
+
+    name = "native-arithmetic"
+    template = "qwen3"
+    system_prompt = "Answer with the number."
+
+    def reward(self, trajectory, episode):
+        return float(episode.task.ground_truth in trajectory.final_text)
+
+
+def answer_script(tokenizer):
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return [[*tokenizer.encode("The answer is 42.", add_special_tokens=False), end]]
+
+
 def gsm8k_script(tokenizer):
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return [[*tokenizer.encode(text, add_special_tokens=False), end] for text in ("#### 41", "#### 42")]
@@ -132,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=200)
     parser.add_argument("--skyrl-gym", action="store_true", help="also measure the skyrl-gym adapter")
+    parser.add_argument("--verifiers", metavar="PYTHON", help="also measure the verifiers adapter (its venv)")
     args = parser.parse_args()
     tokenizer = load_qwen3_tokenizer()
     with tempfile.TemporaryDirectory() as directory:
@@ -151,6 +175,12 @@ def main() -> None:
             adapter = make_environment("skyrl-gym:gsm8k_multi_turn", {"tasks": rows, "template": "qwen3"})
             pairs = [("native", NativeGSM8kMultiTurn()), ("skyrl-gym adapter", adapter)]
             compare(pairs, tokenizer, args.rollouts, turns=gsm8k_script, task=adapter.tasks()[0], reward=1.04)
+    if args.verifiers:
+        module = Path(__file__).parents[1] / "tests" / "integrations" / "verifiers_arithmetic.py"
+        adapter = make_environment(f"verifiers:{module}", {"python": args.verifiers, "template": "qwen3"})
+        task = adapter.tasks()[0]
+        pairs = [("native", NativeArithmetic()), ("verifiers adapter", adapter)]
+        compare(pairs, tokenizer, args.rollouts, turns=answer_script, task=task)
 
 
 if __name__ == "__main__":
