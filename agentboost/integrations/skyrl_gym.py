@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentboost.agent.episode import stop_token_ids
-from agentboost.agent.limits import RolloutLimits
+from agentboost.agent.limits import resolve_limits
 from agentboost.envs.base import Environment, Episode
 from agentboost.envs.mcp.environment import split_tasks
 from agentboost.envs.task import Task
@@ -125,10 +125,7 @@ class SkyRLGymEnvironment(Environment):
         self.reference = environment
         self.env_config = _env_config(config)
         self.system_prompt = system_prompt
-        try:
-            self.limits = RolloutLimits(**dict(limits or {}))
-        except TypeError as error:
-            raise ConfigError(f"bad 'limits' {dict(limits or {})}: {error}") from error
+        self.limits = resolve_limits(None, limits)
         self.task_files = tasks
         self.template = template
         self._tasks: dict[str, list[Task]] = {}

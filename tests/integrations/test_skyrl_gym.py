@@ -189,6 +189,8 @@ def test_signals_limits_and_bad_configuration(kwargs, qwen_tokenizer, say, tmp_p
     )
     with pytest.raises(ConfigError, match="no skyrl-gym environment 'nope'; registered: aime"):
         make_environment("skyrl-gym:nope", gsm8k)
+    with pytest.raises(ConfigError, match="unknown rollout limit 'turns'"):
+        make_environment("skyrl-gym:gsm8k", {**gsm8k, "limits": {"turns": 2}})
     with pytest.raises(ConfigError, match="not a skyrl_gym BaseTextEnv subclass"):
         make_environment("skyrl-gym:json:JSONDecoder", gsm8k)
     with pytest.raises(ConfigError, match="needs an id"):
