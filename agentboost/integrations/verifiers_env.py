@@ -42,9 +42,11 @@ STOPS: dict[str | None, TerminationReason] = {
     "max_turns_reached": TerminationReason.MAX_TURNS,
     "prompt_too_long": TerminationReason.CONTEXT_FULL,
 }
-"""verifiers' ``stop_condition`` -> agentboost's termination, for a rollout verifiers ended itself; any
-other condition (``no_tools_called``, ``has_final_env_response``, an environment's own ``@vf.stop``) is
-``completed``, unless a model turn was cut by its token limit (``is_truncated``): ``max_tokens``."""
+"""verifiers' ``stop_condition`` -> agentboost's termination, for a rollout verifiers ended itself.
+``max_turns_reached`` counts only when the model's last turn still called tools (a ``SingleTurnEnv``
+always ends on it, by design); any other condition (``no_tools_called``, ``has_final_env_response``, an
+environment's own ``@vf.stop``) is ``completed``, unless a model turn was cut by its token limit
+(``is_truncated``): ``max_tokens``."""
 
 
 class VerifiersEnvironment(GatewayEnvironment):
@@ -131,6 +133,8 @@ class VerifiersEnvironment(GatewayEnvironment):
         if trajectory.termination is TerminationReason.COMPLETED:
             scored = _scored(episode)
             condition = scored.get("stop_condition")
+            if condition == "max_turns_reached" and not _ended_on_tool_calls(trajectory):
+                condition = None  # the environment's planned last turn, not a cut
             stop = STOPS.get(condition) or (
                 TerminationReason.MAX_TOKENS if scored.get("is_truncated") else None
             )
@@ -150,6 +154,11 @@ class VerifiersEnvironment(GatewayEnvironment):
             key: float(v) for key, v in scored.get("metrics", {}).items() if isinstance(v, int | float)
         }
         return Reward(value, metrics, {"is_truncated": bool(scored.get("is_truncated"))})
+
+
+def _ended_on_tool_calls(trajectory: Trajectory) -> bool:
+    assistant = [message for message in trajectory.messages if message.get("role") == "assistant"]
+    return bool(assistant and assistant[-1].get("tool_calls"))
 
 
 def _scored(episode: Episode) -> dict[str, Any]:
