@@ -29,6 +29,8 @@ _REGISTRY: dict[str, str] = {
 
 _ADAPTERS: dict[str, tuple[str, str]] = {
     "strands-env": ("agentboost.integrations.strands_env:StrandsEnvEnvironment", "environment"),
+    "skyrl-gym": ("agentboost.integrations.skyrl_gym:SkyRLGymEnvironment", "environment"),
+    "verifiers": ("agentboost.integrations.verifiers_env:VerifiersEnvironment", "environment"),
 }
 """``KIND:REST`` references: the adapter class that runs an outside environment catalog's environment,
 and the keyword argument that receives ``REST`` (e.g. ``strands-env:package.module:Class``)."""

@@ -305,7 +305,16 @@ class Qwen3CoderParser(_TaggedParser):
         return name, arguments
 
 
+class PlainTextParser:
+    """No tool calls: every turn is text, kept whole (gym-style environments parse the model's answer
+    themselves, e.g. ``<sql>...</sql>``)."""
+
+    def parse(self, text: str, tools: ToolSchemas) -> ParsedTurn:
+        return ParsedTurn(content=text)
+
+
 _PARSERS: dict[str, Callable[[], ToolCallParser]] = {
+    "text": PlainTextParser,
     "hermes": HermesParser,
     "qwen3": HermesParser,
     "qwen3_coder": Qwen3CoderParser,

@@ -70,3 +70,10 @@ def test_buffer_refuses_a_delta_whose_tokens_merge_with_the_generation(qwen_toke
     with pytest.raises(TemplateError, match="merge with the model's last tokens"):
         buffer.append_messages([{"role": "user", "content": "another"}])
     assert buffer.segments[-1].role == "assistant"  # nothing was appended
+
+
+def test_the_text_parser_reads_no_tool_calls():
+    """Gym-style environments get the whole turn: tags that look like calls stay text, with no error."""
+    turn = '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call> then </tool_call>'
+    parsed = get_parser("text").parse(turn, {"add": {}})
+    assert (parsed.content, parsed.tool_calls, parsed.errors) == (turn, [], [])
