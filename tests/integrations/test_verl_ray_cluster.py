@@ -483,6 +483,8 @@ def vllm_server(tmp_path, qwen_tokenizer):
         yield server.url
 
 
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)  # vLLM's start (compilation included) is 1-2 minutes on 2 idle cores, more at load
 def test_a_vllm_cpu_server_behind_a_replica_on_the_other_node_gives_the_in_process_batch(
     vllm_server, tmp_path, manager, reference, trainer_config, balancer
 ):
