@@ -1,8 +1,10 @@
 """The runner's executors side by side: in this process, worker processes, and Ray actors (``--workers ray``).
 
-Every executor runs the same rollouts (the arithmetic environment; one calculator call, then the
-answer) against one scripted ``agentboost serve``-style server on loopback, in a process of its own,
-so the figures are the executors' own cost, not generation. Printed:
+Every executor runs the same rollouts (the arithmetic environment) against one ``agentboost serve``
+server on loopback, in a process of its own. ``--engine scripted`` (default): a scripted policy (one
+calculator call, then the answer), so the figures are the executors' own cost, not generation;
+``--engine tiny``: the embedded engine over a tiny random Qwen3 (the tests' model: it never stops, so
+every rollout is one full-budget turn), the same executors with a real forward pass behind them. Printed:
 
 - start-up: from nothing to an executor ready to run rollouts (worker processes and actors build
   their environment, tokenizer and engine client; Ray's cluster start is reported apart),
@@ -10,7 +12,8 @@ so the figures are the executors' own cost, not generation. Printed:
 - rollouts/s with ``--concurrency`` in flight, on 1, 2 and 4 simulated nodes (one local Ray cluster
   of 4 one-CPU nodes; a custom resource per node count picks which nodes get an actor).
 
-    python benchmarks/ray_runner.py [--rollouts 64] [--serial 16] [--concurrency 8] [--nodes 1,2,4]
+    python benchmarks/ray_runner.py [--engine scripted|tiny] [--rollouts 64] [--serial 16]
+        [--concurrency 8] [--nodes 1,2,4]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from agentboost.rollout.spec import RunSpec
 from agentboost.rollout.worker import build_execution
 
 ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ("scripted", "tiny")
 
 
 def scripted_engine(tokenizer: Any) -> ScriptedEngine:
@@ -121,13 +125,25 @@ def start_cluster(nodes: list[int], temp_dir: str) -> Any:
     return cluster
 
 
-async def main(rollouts: int, serial: int, concurrency: int, nodes: list[int], workers: int) -> None:
+def tiny_engine() -> Any:
+    """The embedded engine over the tests' tiny random Qwen3 (tests/conftest.py)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import tiny_qwen3
+
+    from agentboost.engines.embedded.engine import LocalEngine
+
+    return LocalEngine(tiny_qwen3())
+
+
+async def main(
+    engine: str, rollouts: int, serial: int, concurrency: int, nodes: list[int], workers: int
+) -> None:
     tokenizer = load_qwen3_tokenizer()
     tokenizer_dir = tempfile.mkdtemp(prefix="ab-bench-tokenizer-")
     tokenizer.save_pretrained(tokenizer_dir)
     environment = ArithmeticEnvironment()
     jobs = plan_jobs(environment, environment.tasks(rollouts), RunConfig())
-    server = await start_server_process()
+    server = await start_server_process(engine)
     spec = RunSpec(
         "arithmetic", model=tokenizer_dir, engine="sglang", urls=[server.url], concurrency=concurrency
     )
@@ -157,7 +173,7 @@ async def main(rollouts: int, serial: int, concurrency: int, nodes: list[int], w
         shutil.rmtree(temp_dir, ignore_errors=True)
         shutil.rmtree(tokenizer_dir, ignore_errors=True)
     base = rows[0][1]["latency_ms"]
-    print(f"{rollouts} rollouts (arithmetic, scripted server on loopback), {concurrency} in flight")
+    print(f"{rollouts} rollouts (arithmetic, {engine} server on loopback), {concurrency} in flight")
     print(f"load average {load()}")
     if cluster is not None:
         print(f"Ray cluster of {max(nodes)} one-CPU nodes started in {cluster_s:.1f} s (not in start-up)")
@@ -183,19 +199,20 @@ class ServerProcess:
         await self.process.wait()
 
 
-async def start_server_process() -> ServerProcess:
+async def start_server_process(engine: str) -> ServerProcess:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--serve", stdout=asyncio.subprocess.PIPE
+        sys.executable, __file__, "--serve", "--engine", engine, stdout=asyncio.subprocess.PIPE
     )
     assert process.stdout is not None
     url = (await process.stdout.readline()).decode().strip()
     if not url.startswith("http"):
-        raise RuntimeError(f"the scripted server did not start (it said {url!r})")
+        raise RuntimeError(f"the {engine} server did not start (it said {url!r})")
     return ServerProcess(process, url)
 
 
-async def serve() -> None:
-    server = await start_server(scripted_engine(load_qwen3_tokenizer()), context_length=40960)
+async def serve(engine: str) -> None:
+    served = tiny_engine() if engine == "tiny" else scripted_engine(load_qwen3_tokenizer())
+    server = await start_server(served, context_length=40960)
     print(server.url, flush=True)
     await asyncio.Event().wait()
 
@@ -206,6 +223,7 @@ def load() -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=ENGINES, default="scripted", help="what the server runs")
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--serial", type=int, default=16, help="rollouts run one at a time for the latency")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -215,6 +233,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     node_counts = sorted({int(part) for part in args.nodes.split(",")})
     if args.serve:
-        asyncio.run(serve())
+        asyncio.run(serve(args.engine))
     else:
-        asyncio.run(main(args.rollouts, args.serial, args.concurrency, node_counts, args.workers))
+        arguments = (args.rollouts, args.serial, args.concurrency, node_counts, args.workers)
+        asyncio.run(main(args.engine, *arguments))

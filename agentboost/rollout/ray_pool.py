@@ -33,7 +33,7 @@ from agentboost.errors import (
     WorkerCrashed,
     WorkerSetupError,
 )
-from agentboost.rollout.runner import Job
+from agentboost.rollout.runner import ExecutorPool, Job
 from agentboost.rollout.spec import RunSpec
 
 
@@ -115,7 +115,7 @@ def _source_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-class RayPool:
+class RayPool(ExecutorPool):
     """Rollout actors on a Ray cluster; :meth:`execute` is the runner's execution function.
 
     ``address``: the cluster to join (default ``spec.ray_address``; None: ``RAY_ADDRESS``, else a
@@ -158,17 +158,6 @@ class RayPool:
         self._changed = asyncio.Event()
         self._replacing: set[asyncio.Task[None]] = set()
         self._actor_class: Any = None
-
-    async def __aenter__(self) -> RayPool:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- starting ----------------------------------------------------------------------------------
 

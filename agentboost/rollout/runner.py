@@ -2,7 +2,9 @@
 
 The runner owns what is the same however rollouts execute: which (task, sample) pairs are left, the
 retry policy, the results file and the progress bar. Execution is pluggable: in this process
-(:func:`in_process`) or in long-lived worker processes (:class:`~agentboost.rollout.workers.WorkerPool`).
+(:func:`in_process`) or in long-lived executors, an :class:`ExecutorPool`: worker processes
+(:class:`~agentboost.rollout.workers.WorkerPool`) or Ray actors
+(:class:`~agentboost.rollout.ray_pool.RayPool`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import itertools
 import sys
 import time
 import zlib
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.agent.live import LiveCounts, counting
@@ -39,6 +42,38 @@ class Job:
 
 
 Execute = Callable[[Job], Awaitable[RolloutResult]]
+
+
+_Pool = TypeVar("_Pool", bound="ExecutorPool")
+
+
+class ExecutorPool(ABC):
+    """Executors with a life of their own (worker processes, Ray actors): ``async with`` starts them,
+    closing whatever did start when the start fails part-way, and closes them on the way out;
+    :meth:`execute` is the runner's execution function."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start the executors; return once they can run rollouts."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop every executor; safe after a failed or partial start."""
+
+    @abstractmethod
+    async def execute(self, job: Job) -> RolloutResult:
+        """Run one rollout on an executor."""
+
+    async def __aenter__(self: _Pool) -> _Pool:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 @dataclass

@@ -21,7 +21,7 @@ import sys
 
 from agentboost.envs.base import RolloutResult
 from agentboost.errors import AgentBoostError, ConfigError, WorkerSetupError
-from agentboost.rollout.runner import Job, WorkerCrashed
+from agentboost.rollout.runner import ExecutorPool, Job, WorkerCrashed
 from agentboost.rollout.spec import RunSpec
 
 _LINE_LIMIT = 1 << 30  # a 1,000-turn trajectory is a long line
@@ -38,7 +38,7 @@ class _Worker:
         self.reader: asyncio.Task[None] | None = None
 
 
-class WorkerPool:
+class WorkerPool(ExecutorPool):
     """N worker processes (``workers``, default ``spec.workers``) each running up to its share of
     ``spec.concurrency``; :meth:`execute` is the runner's execution function.
 
@@ -89,17 +89,6 @@ class WorkerPool:
         self.concurrency = spec.worker_concurrency(workers)
         """Rollouts in flight in each worker."""
         self._capacity = asyncio.Semaphore(workers * self.concurrency)
-
-    async def __aenter__(self) -> WorkerPool:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Start the workers and wait until each has built its setup (or one reports it cannot)."""

