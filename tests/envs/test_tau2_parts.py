@@ -144,6 +144,19 @@ def test_tau2_reward_pays_the_gold_actions_and_nothing_less():
     assert reward == 0.0 and breakdown["db"] == 0.0 and facts["db_match"] is False
 
 
+def test_an_assertion_about_what_the_agent_never_made_scores_zero_not_an_error():
+    """mock's assert_task_status raises "Task task_2 not found" when the agent created no task; that
+    rollout must score 0 (the assertion not met), not be left unscored for a policy to aim at."""
+    assert _replay("mock", "create_task_1_with_env_assertions")[0] == 1.0
+    reward, breakdown, facts = _replay("mock", "create_task_1_with_env_assertions", skip_last_write=True)
+    assert reward == 0.0 and breakdown["env_assertions"] == 0.0
+    assert facts["env_assertion_errors"] == ["assert_task_status: ValueError: Task task_2 not found"]
+    domain = load_domain("mock")
+    for task_id in domain.task_ids("all"):  # doing nothing is scored on every mock task, never raises
+        reward, _, facts = tau2_evaluation(domain, domain.task(task_id), [])
+        assert 0.0 <= reward <= 1.0, (task_id, facts)
+
+
 def test_tau2_reward_needs_the_required_information_said():
     domain = load_domain("retail")
     task_id = next(

@@ -85,8 +85,27 @@ def tau2_evaluation(
     if criteria is None:
         return 1.0, {"tau2": 1.0}, {"note": "the task has no evaluation criteria"}
 
+    raised: list[str] = []
+
     def constructor(solo_mode: bool = False) -> Any:
-        return domain.fresh_environment()
+        environment = domain.fresh_environment()
+        run_env_assertion = environment.run_env_assertion
+
+        def checked(assertion: Any, raise_assertion_error: bool = True) -> bool:
+            # tau2 checks each assertion on the rollout's end state with raise_assertion_error=False; an
+            # assertion function that raises there (mock's assert_task_status on a task the agent never
+            # created: "Task task_2 not found") asks about what the rollout did not make: not met. Left
+            # to raise, it would leave the rollout unscored, which a policy can learn to aim for.
+            try:
+                return run_env_assertion(assertion, raise_assertion_error)
+            except Exception as error:
+                if raise_assertion_error:
+                    raise
+                raised.append(f"{assertion.func_name}: {type(error).__name__}: {error}")
+                return False
+
+        environment.run_env_assertion = checked
+        return environment
 
     env_info = env_evaluator.calculate_reward(
         environment_constructor=constructor, task=task, full_trajectory=conversation, solo_mode=False
@@ -128,6 +147,8 @@ def tau2_evaluation(
             for check in action_checks
         ],
     }
+    if raised:
+        facts["env_assertion_errors"] = raised
     if tasks.RewardType.NL_ASSERTION in basis:
         facts["unevaluated"] = "NL_ASSERTION (needs an LLM judge)"
     return reward, breakdown, facts
