@@ -489,12 +489,11 @@ def drop_results(path: str | os.PathLike[str], drop: Callable[[RolloutResult], b
     kept = lines[:1]
     for number, line in enumerate(lines[1:], start=2):
         try:
-            data = json.loads(line) if line.strip() else None
+            data = json.loads(line) if line.strip() else {}
         except json.JSONDecodeError as error:
             raise ConfigError(f"{source}:{number} is not a complete JSON line ({error.msg})") from error
-        if _looks_like_result(data) and drop(RolloutResult.from_dict(data)):
-            continue
-        kept.append(line)
+        if not (_looks_like_result(data) and drop(RolloutResult.from_dict(data))):
+            kept.append(line)
     dropped = len(lines) - len(kept)
     if dropped:
         staging = source.with_name(f".{source.name}.staging")

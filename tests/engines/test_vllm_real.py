@@ -411,6 +411,30 @@ class EvenFirstToken(Environment):
         return float(trajectory.token_ids[trajectory.prompt_length] % 2 == 0)
 
 
+def vllm_train_config(
+    model_dir: str, url: str, output_dir: Path, *, lora: bool = True, lr: float = 1e-2, **rollout: Any
+) -> Any:
+    """Two steps of training against the server (LoRA by default: the adapters are all a version needs
+    to keep); ``rollout``: more rollout settings."""
+    from agentboost.train.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "model": {"name_or_path": model_dir},
+            "environment": {"train_tasks": 8},
+            "rollout": {"tasks_per_step": 2, "temperature": 1.0, "vllm_url": url, **rollout},
+            "optimizer": {"lr": lr},
+            "lora": {"enabled": lora, "rank": 4, "target_modules": ["q_proj", "v_proj"]},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 0, "save_final_model": False},
+            "logging": {"progress": False},
+            "steps": 2,
+            "seed": 0,
+            "output_dir": str(output_dir),
+        }
+    )
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     server, model_dir, tmp_path, lora
@@ -418,24 +442,11 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     """Step 1's rollouts come from the server after step 0's update was pushed: the trainer's own
     recomputation of their logprobs (with its updated weights) matches what the server returned.
     Full fine-tuning changes the tied embeddings (and so the output head); LoRA pushes merged weights."""
-    from agentboost.train.config import config_from_dict
     from agentboost.train.logging import read_metrics
     from agentboost.train.trainer import Trainer
 
-    config = config_from_dict(
-        {
-            "model": {"name_or_path": model_dir},
-            "environment": {"train_tasks": 8},
-            "rollout": {"tasks_per_step": 2, "group_size": 4, "temperature": 1.0, "vllm_url": server.url},
-            "optimizer": {"lr": 1e-3 if lora else 1e-4},
-            "lora": {"enabled": lora, "rank": 4, "target_modules": ["q_proj", "v_proj"]},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 0, "save_final_model": False},
-            "logging": {"progress": False},
-            "steps": 2,
-            "seed": 0,
-            "output_dir": str(tmp_path / "run"),
-        }
+    config = vllm_train_config(
+        model_dir, server.url, tmp_path / "run", lora=lora, lr=1e-3 if lora else 1e-4, group_size=4
     )
     trainer = Trainer(config, environment=EvenFirstToken())
     trainer.train()
@@ -451,27 +462,6 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     from agentboost.engines.remote.weight_sync import WeightSync
 
     WeightSync(server.url, tmp_path / "base").push(AutoModelForCausalLM.from_pretrained(model_dir))
-
-
-def vllm_train_config(model_dir: str, url: str, output_dir: Path, **rollout: Any) -> Any:
-    """Two steps of LoRA training against the server (the adapters are all a version needs to keep)."""
-    from agentboost.train.config import config_from_dict
-
-    return config_from_dict(
-        {
-            "model": {"name_or_path": model_dir},
-            "environment": {"train_tasks": 8},
-            "rollout": {"tasks_per_step": 2, "temperature": 1.0, "vllm_url": url, **rollout},
-            "optimizer": {"lr": 1e-2},
-            "lora": {"enabled": True, "rank": 4, "target_modules": ["q_proj", "v_proj"]},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 0, "save_final_model": False},
-            "logging": {"progress": False},
-            "steps": 2,
-            "seed": 0,
-            "output_dir": str(output_dir),
-        }
-    )
 
 
 def adapters(model: Any) -> dict[str, Any]:
