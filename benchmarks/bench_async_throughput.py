@@ -13,7 +13,7 @@ the wall time with at least one generation in flight), the trainer's (share spen
 dropped for staleness and the mean staleness of what was trained.
 
     python benchmarks/bench_async_throughput.py [--steps 8] [--update-s 1.0] [--seed 0]
-        [--latencies benchmarks/data/tau2_mock_vllm_latencies.json [--latency-scale 0.1]]
+        [--latencies benchmarks/data/rollout_latencies_tau2_mock_vllm.json [--latency-scale 0.1]]
 
 ``--latencies FILE`` draws each rollout's latency from a histogram recorded from a real run's results
 file instead (each row keeps its rollout's wall time, ``trajectory.metrics.latency_s``);

@@ -520,16 +520,16 @@ class WaitsBetweenTurns(Environment):
     name = "waits-between-turns"
     system_prompt = "Reply with one word."
     template = "chatml"
-    # a turn cut at the token limit ends its rollout (max_tokens) after one turn: such a rollout of step
-    # 1 spans no push (the test counts those that do)
-    limits = RolloutLimits(max_turns=3, max_new_tokens=24)
+    # a first turn cut at the token limit ends its rollout (max_tokens) there: such a rollout of step 1
+    # spans no push (the test counts those that do)
+    limits = RolloutLimits(max_turns=3, max_new_tokens=48)
 
     def __init__(self) -> None:
         self.until: Any = lambda episode: None
         self.ended: set[tuple[str, int]] = set()
 
     def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
-        return [Task(f"{split}-{index}", f"Tell me about the number {index}.") for index in range(n or 8)]
+        return [Task(f"{split}-{index}", f"Name a colour, number {index}.") for index in range(n or 8)]
 
     async def next_user_message(self, episode: Any, messages: list[Any]) -> str | None:
         if sum(1 for message in messages if message["role"] == "assistant") >= 2:
@@ -572,7 +572,9 @@ def test_async_training_on_the_server_tags_every_token_with_the_weights_that_mad
     versions: dict[int, dict[str, Any]] = {}
     environment = WaitsBetweenTurns()
     trainer = Recorded(
-        vllm_train_config(model_dir, server.url, tmp_path / "run", group_size=2, max_staleness=1),
+        vllm_train_config(
+            model_dir, server.url, tmp_path / "run", group_size=2, max_staleness=1, temperature=0.7
+        ),
         environment=environment,
     )
     versions[0] = adapters(trainer.model)
@@ -616,7 +618,7 @@ def test_async_training_on_the_server_tags_every_token_with_the_weights_that_mad
             for weights in (0, 1):
                 with torch.no_grad():
                     load_adapters(policy, versions[weights])
-                    expected = teacher_logprobs(policy, trajectory.token_ids, 1.0)
+                    expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
                 for tagged in {s.weight_version for s in segments}:
                     # the tokens tagged with one version: that version's weights give their logprobs,
                     # the other version's do not (so a wrong tag would show)
