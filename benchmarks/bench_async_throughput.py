@@ -13,11 +13,18 @@ the wall time with at least one generation in flight), the trainer's (share spen
 dropped for staleness and the mean staleness of what was trained.
 
     python benchmarks/bench_async_throughput.py [--steps 8] [--update-s 1.0] [--seed 0]
+        [--latencies benchmarks/data/rollout_latencies_tau2_mock_vllm.json [--latency-scale 0.1]]
+
+``--latencies FILE`` draws each rollout's latency from a histogram recorded from a real run's results
+file instead (each row keeps its rollout's wall time, ``trajectory.metrics.latency_s``);
+``--record RESULTS --latencies FILE --note TEXT`` makes one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import random
 import tempfile
 import time
@@ -116,9 +123,54 @@ class SimulatedTrainer(Trainer):
         return {"optim/updates": 0.0}
 
 
-def run_mode(model: Path, out: Path, args: argparse.Namespace, staleness: int) -> dict[str, float]:
+def record_histogram(results: Path, out: Path, note: str, bins: int) -> None:
+    """Write the per-rollout wall times (``trajectory.metrics.latency_s``) of a results file as a
+    histogram with log-spaced bins, with ``note`` (how the file was made) and its quantiles."""
+    from agentboost.rollout.results import read_header, read_results
+
+    latencies = sorted(r.trajectory.metrics["latency_s"] for r in read_results(results) if not r.failed)
+    if len(latencies) < 2:
+        raise SystemExit(f"{results}: {len(latencies)} finished rollouts; a histogram needs at least two")
+    low, high = math.log(latencies[0]), math.log(latencies[-1])
+    edges = [math.exp(low + (high - low) * i / bins) for i in range(bins + 1)]
+    counts = [0] * bins
+    for latency in latencies:
+        counts[min(bins - 1, int((math.log(latency) - low) / (high - low or 1.0) * bins))] += 1
+    run = (read_header(results) or {}).get("run", {})
+    histogram = {
+        "what": "per-rollout wall time, s (results rows' trajectory.metrics.latency_s); log-spaced bins",
+        "recorded": note,
+        "run": {
+            key: run.get(key) for key in ("environment", "environment_kwargs", "split", "model", "engine")
+        },
+        "rollouts": len(latencies),
+        "quantiles_s": {
+            f"p{q}": round(latencies[min(len(latencies) - 1, len(latencies) * q // 100)], 3)
+            for q in (10, 50, 90, 99)
+        },
+        "edges_s": [round(edge, 4) for edge in edges],
+        "counts": counts,
+    }
+    out.write_text(json.dumps(histogram, indent=1) + "\n")
+    print(f"{out}: {len(latencies)} rollouts, quantiles {histogram['quantiles_s']}")
+
+
+def draw_delays(args: argparse.Namespace, count: int = 100_000) -> list[float]:
+    """Rollout latencies: from ``--latencies`` (a bin by its count, then log-uniform inside it, scaled
+    by ``--latency-scale``), else Pareto."""
     rng = random.Random(args.seed)
-    delays = [min(args.max_delay, args.min_delay * rng.paretovariate(args.alpha)) for _ in range(100_000)]
+    if args.latencies is None:
+        return [min(args.max_delay, args.min_delay * rng.paretovariate(args.alpha)) for _ in range(count)]
+    histogram = json.loads(Path(args.latencies).read_text())
+    edges, counts = histogram["edges_s"], histogram["counts"]
+    bins = rng.choices(range(len(counts)), weights=counts, k=count)
+    return [
+        args.latency_scale * math.exp(rng.uniform(math.log(edges[b]), math.log(edges[b + 1]))) for b in bins
+    ]
+
+
+def run_mode(model: Path, out: Path, args: argparse.Namespace, staleness: int) -> dict[str, float]:
+    delays = draw_delays(args)
     engine = TimedEngine(
         lambda prompt, index: [151645], delay=lambda prompt, index: delays[index % len(delays)]
     )
@@ -165,12 +217,34 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.2, help="Pareto shape of the call latency")
     parser.add_argument("--max-delay", type=float, default=5.0, help="the longest engine call (s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--latencies", type=Path, help="draw rollout latencies from this recorded histogram (JSON) instead"
+    )
+    parser.add_argument("--latency-scale", type=float, default=1.0, help="multiply the recorded latencies")
+    parser.add_argument(
+        "--record", type=Path, help="make a histogram (--latencies' format) of a results file"
+    )
+    parser.add_argument("--note", default="", help="with --record: how the results file was made")
+    parser.add_argument("--bins", type=int, default=24, help="with --record: the histogram's bins")
     args = parser.parse_args()
+    if args.record is not None:
+        if args.latencies is None:
+            parser.error("--record RESULTS needs --latencies OUT.json (the histogram to write)")
+        record_histogram(args.record, args.latencies, args.note, args.bins)
+        return
+    if args.latencies is not None:
+        histogram = json.loads(args.latencies.read_text())
+        quantiles = histogram["quantiles_s"]
+        latency = (
+            f"recorded latencies ({args.latencies.name}: {histogram['rollouts']} rollouts, median "
+            f"{quantiles['p50']}s, p90 {quantiles['p90']}s) x {args.latency_scale}"
+        )
+    else:
+        latency = f"Pareto(alpha={args.alpha}) x {args.min_delay}s, cap {args.max_delay}s"
     with tempfile.TemporaryDirectory() as scratch:
         model = tiny_model(Path(scratch) / "model")
         print(
-            f"{args.steps} steps x {args.tasks} tasks x {args.group} rollouts; "
-            f"rollout latency Pareto(alpha={args.alpha}) x {args.min_delay}s, cap {args.max_delay}s; "
+            f"{args.steps} steps x {args.tasks} tasks x {args.group} rollouts; rollout latency {latency}; "
             f"update {args.update_s}s"
         )
         print(

@@ -472,6 +472,42 @@ def read_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
         yield RolloutResult.from_dict(data)
 
 
+def drop_results(path: str | os.PathLike[str], drop: Callable[[RolloutResult], bool]) -> int:
+    """Rewrite the results file ``path`` without the results ``drop`` picks; returns how many went.
+
+    The header and every other line stay as they are (a torn last line goes, as a resume would cut
+    it). The new file replaces the old at once (a staging file renamed into place); nothing is
+    written when nothing is dropped. Refuses a file that is not an agentboost results file.
+    """
+    if identify(path) is None:
+        return 0
+    source = Path(path)
+    try:
+        lines = source.read_bytes().split(b"\n")[:-1]  # after the last newline: nothing, or a torn line
+    except OSError as error:
+        raise UserPathError.from_os_error(source, error, "read") from error
+    kept = lines[:1]
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            data = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{source}:{number} is not a complete JSON line ({error.msg})") from error
+        if not (_looks_like_result(data) and drop(RolloutResult.from_dict(data))):
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if dropped:
+        staging = source.with_name(f".{source.name}.staging")
+        try:
+            with open(staging, "wb") as handle:
+                handle.write(b"".join(line + b"\n" for line in kept))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(staging, source)
+        except OSError as error:
+            raise UserPathError.from_os_error(source, error, "rewrite") from error
+    return dropped
+
+
 def _line_key(line: str) -> Key | None:
     """(task_id, sample) of a result line, read from its start when written by agentboost."""
     match = _KEY_PREFIX.match(line)

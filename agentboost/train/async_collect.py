@@ -112,6 +112,11 @@ class WeightGate:
                 self._idle.set()
                 self._idle_since = time.perf_counter()
 
+    @property
+    def closed(self) -> bool:
+        """A weight change holds the gate (or waits for the generations in flight to end)."""
+        return not self._open.is_set()
+
     async def close(self) -> None:
         """No new generation starts; returns when none is in flight."""
         self._open.clear()

@@ -665,23 +665,37 @@ class Trainer(TrainingLoop):
         """Delete rollouts and evaluations made by weights we no longer have.
 
         Resuming at ``step``, the partial files of ``step`` itself were made by the checkpoint's
-        weights and are continued; later ones are deleted. A fresh start deletes them all.
+        weights and are continued; later ones are deleted. Asynchronous: the rollout files of ``step``
+        and later (collected ahead) keep every rollout whose tokens all came from the checkpoint's
+        version or older ones, weights the resumed run has had too, and lose those with a token of a
+        later version, which are collected again. A fresh start deletes them all.
         """
+        from agentboost.rollout.results import drop_results
+
         first_stale = 0 if fresh else step + 1
-        if self._async is not None and not fresh:
-            # collected ahead, partly by weights after the checkpoint's: collected again
-            first_stale = step
-            print(
-                f"agentboost: async resume at step {step}: its rollouts are collected again", file=sys.stderr
-            )
+        ahead = self._async is not None and not fresh
+        lost = 0
+
+        def after_checkpoint(result: RolloutResult) -> bool:
+            return max(result.trajectory.weight_versions, default=step) > step
+
         for folder in ("rollouts", "evals"):
             directory = self.run_dir / folder
             if not directory.exists() or not self.ranks.writes:
                 continue
             for path in directory.glob("step_*.jsonl"):
-                if int(path.stem.removeprefix("step_")) >= first_stale:
+                origin = int(path.stem.removeprefix("step_"))
+                if ahead and folder == "rollouts" and origin >= step:
+                    lost += drop_results(path, after_checkpoint)
+                elif origin >= first_stale:
                     path.unlink()
             forget_partials(directory, first_stale)
+        if ahead:
+            print(
+                f"agentboost: async resume at step {step}: the rollouts collected ahead on the checkpoint's "
+                f"weights or older are kept; {lost} with tokens of later weights are collected again",
+                file=sys.stderr,
+            )
         self.ranks.barrier()  # nothing is collected before the stale files are gone
         self.eval_rewards = {k: v for k, v in self.eval_rewards.items() if k < step}
 

@@ -405,6 +405,30 @@ class EvenFirstToken(Environment):
         return float(trajectory.token_ids[trajectory.prompt_length] % 2 == 0)
 
 
+def vllm_train_config(
+    model_dir: str, url: str, output_dir: Path, *, lora: bool = True, lr: float = 1e-2, **rollout: Any
+) -> Any:
+    """Two steps of training against the server (LoRA by default: the adapters are all a version needs
+    to keep); ``rollout``: more rollout settings."""
+    from agentboost.train.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "model": {"name_or_path": model_dir},
+            "environment": {"train_tasks": 8},
+            "rollout": {"tasks_per_step": 2, "temperature": 1.0, "vllm_url": url, **rollout},
+            "optimizer": {"lr": lr},
+            "lora": {"enabled": lora, "rank": 4, "target_modules": ["q_proj", "v_proj"]},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 0, "save_final_model": False},
+            "logging": {"progress": False},
+            "steps": 2,
+            "seed": 0,
+            "output_dir": str(output_dir),
+        }
+    )
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     server, model_dir, tmp_path, lora
@@ -412,24 +436,11 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     """Step 1's rollouts come from the server after step 0's update was pushed: the trainer's own
     recomputation of their logprobs (with its updated weights) matches what the server returned.
     Full fine-tuning changes the tied embeddings (and so the output head); LoRA pushes merged weights."""
-    from agentboost.train.config import config_from_dict
     from agentboost.train.logging import read_metrics
     from agentboost.train.trainer import Trainer
 
-    config = config_from_dict(
-        {
-            "model": {"name_or_path": model_dir},
-            "environment": {"train_tasks": 8},
-            "rollout": {"tasks_per_step": 2, "group_size": 4, "temperature": 1.0, "vllm_url": server.url},
-            "optimizer": {"lr": 1e-3 if lora else 1e-4},
-            "lora": {"enabled": lora, "rank": 4, "target_modules": ["q_proj", "v_proj"]},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 0, "save_final_model": False},
-            "logging": {"progress": False},
-            "steps": 2,
-            "seed": 0,
-            "output_dir": str(tmp_path / "run"),
-        }
+    config = vllm_train_config(
+        model_dir, server.url, tmp_path / "run", lora=lora, lr=1e-3 if lora else 1e-4, group_size=4
     )
     trainer = Trainer(config, environment=EvenFirstToken())
     trainer.train()
@@ -445,6 +456,190 @@ def test_training_with_the_server_as_rollout_engine_pushes_each_steps_weights(
     from agentboost.engines.remote.weight_sync import WeightSync
 
     WeightSync(server.url, tmp_path / "base").push(AutoModelForCausalLM.from_pretrained(model_dir))
+
+
+def adapters(model: Any) -> dict[str, Any]:
+    """A copy of the weights that train (the LoRA adapters)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def test_async_at_max_staleness_0_is_the_synchronous_trainer_on_the_server(
+    server, model_dir, teacher, tmp_path
+):
+    """``rollout.asynchronous`` with ``max_staleness: 0`` against the server: the same rollouts (ids),
+    their logprobs within the server's exactness, the same weights after two steps."""
+    import torch
+
+    from agentboost.engines.remote.weight_sync import WeightSync
+    from agentboost.rollout.results import read_results
+    from agentboost.train.trainer import Trainer
+
+    trainers = {}
+    for mode, rollout in {"sync": {}, "async": {"asynchronous": True, "max_staleness": 0}}.items():
+        config = vllm_train_config(model_dir, server.url, tmp_path / mode, group_size=2, **rollout)
+        trainers[mode] = Trainer(config, environment=EvenFirstToken())
+        trainers[mode].train()
+    WeightSync(server.url, tmp_path / "base").push(teacher[0])  # the module's server: base weights again
+
+    for step in range(2):
+        found = {
+            mode: sorted(
+                (
+                    r.task_id,
+                    r.sample,
+                    r.trajectory.token_ids,
+                    r.trajectory.weight_versions,
+                    r.trajectory.logprobs,
+                )
+                for r in read_results(tmp_path / mode / "rollouts" / f"step_{step:06d}.jsonl")
+            )
+            for mode in trainers
+        }
+        assert len(found["sync"]) == 4
+        for sync, asynchronous in zip(found["sync"], found["async"], strict=True):
+            assert sync[:4] == asynchronous[:4] and sync[3] == [step]
+            stored = [(a, b) for a, b in zip(sync[4], asynchronous[4], strict=True) if a is not None]
+            assert max(abs(a - b) for a, b in stored) <= TOLERANCE
+    updated = adapters(trainers["sync"].model)
+    for name, value in adapters(trainers["async"].model).items():
+        assert torch.equal(value, updated[name]), name
+    assert any(bool(value.abs().sum()) for name, value in updated.items() if "lora_B" in name)  # they moved
+
+
+class WaitsBetweenTurns(Environment):
+    """Two model turns with a user turn between them that waits as ``until(episode)`` says, so a test
+    decides which rollouts span a weight push; ``ended`` records the rollouts that ended. Reward: the
+    sample's parity (every group updates)."""
+
+    name = "waits-between-turns"
+    system_prompt = "Reply with one word."
+    template = "chatml"
+    # a first turn cut at the token limit ends its rollout (max_tokens) there: such a rollout of step 1
+    # spans no push (the test counts those that do)
+    limits = RolloutLimits(max_turns=3, max_new_tokens=48)
+
+    def __init__(self) -> None:
+        self.until: Any = lambda episode: None
+        self.ended: set[tuple[str, int]] = set()
+
+    def tasks(self, n: int | None = None, *, seed: int = 0, split: str = "train") -> list[Task]:
+        return [Task(f"{split}-{index}", f"Name a colour, number {index}.") for index in range(n or 8)]
+
+    async def next_user_message(self, episode: Any, messages: list[Any]) -> str | None:
+        if sum(1 for message in messages if message["role"] == "assistant") >= 2:
+            return None
+        condition = self.until(episode)
+        deadline = time.monotonic() + 600
+        while condition is not None and not condition():
+            assert time.monotonic() < deadline, "the condition never held"
+            await asyncio.sleep(0.005)
+        return "Go on."
+
+    def reward(self, trajectory: Any, episode: Any) -> float:
+        self.ended.add((episode.task.id, episode.sample))
+        return float(episode.sample % 2)
+
+
+def test_async_training_on_the_server_tags_every_token_with_the_weights_that_made_it(
+    server, model_dir, teacher, tmp_path
+):
+    """``max_staleness: 1`` against the server with weight pushes. Step 1's rollouts, collected ahead,
+    say their first turn on version 0 and send their second while the trainer pushes update 0 (the
+    request waits at the barrier): none is lost, each continues on version 1 with its first turn kept,
+    and every segment's logprobs are those of the weights of the version it records (within the
+    server's exactness), not those of the other version."""
+    import torch
+
+    from agentboost.engines.remote.weight_sync import WeightSync
+    from agentboost.rollout.results import read_results
+    from agentboost.train.logging import read_metrics
+    from agentboost.train.trainer import Trainer
+
+    class Recorded(Trainer):
+        """Keeps the adapters of every version it serves."""
+
+        def update(self, samples: Any, step: int) -> dict[str, float]:
+            metrics = super().update(samples, step)
+            versions[step + 1] = adapters(self.model)
+            return metrics
+
+    versions: dict[int, dict[str, Any]] = {}
+    environment = WaitsBetweenTurns()
+    trainer = Recorded(
+        vllm_train_config(
+            model_dir, server.url, tmp_path / "run", group_size=2, max_staleness=1, temperature=0.7
+        ),
+        environment=environment,
+    )
+    versions[0] = adapters(trainer.model)
+    collector = trainer._async
+    assert collector is not None
+    origin = {task.id: step for step in range(2) for task in trainer.tasks_for_step(step)}
+    step_1 = {(task, sample) for task, step in origin.items() if step == 1 for sample in (0, 1)}
+    said, sent_during_push = set(), set()
+
+    def until(episode: Any) -> Any:
+        key = (episode.task.id, episode.sample)
+        if origin[key[0]] == 0:  # step 0's rollouts end once each of step 1's has said its first turn
+            return lambda: step_1 <= said | environment.ended
+        said.add(key)
+
+        def second_turn_due() -> bool:  # sent while update 0 is pushed (the gate closed), or after
+            if collector.gate.closed:
+                sent_during_push.add(key)
+                return True
+            return collector.version >= 1
+
+        return second_turn_due
+
+    environment.until = until
+    try:
+        trainer.train()
+    finally:
+        WeightSync(server.url, tmp_path / "base").push(teacher[0])  # the module's server: base weights again
+
+    policy = trainer.model.eval()
+    spanned, discriminated = 0, 0
+    for step in range(2):
+        results = list(read_results(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+        assert len(results) == 4  # none lost
+        for result in results:
+            trajectory = result.trajectory
+            assert not result.failed, trajectory.termination_detail
+            segments = [s for s in trajectory.segments if s.role == "assistant"]
+            assert [s.weight_version for s in segments] == [0, step][: len(segments)]
+            spanned += len(trajectory.weight_versions) == 2
+            for weights in (0, 1):
+                with torch.no_grad():
+                    load_adapters(policy, versions[weights])
+                    expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
+                for tagged in {s.weight_version for s in segments}:
+                    # the tokens tagged with one version: that version's weights give their logprobs,
+                    # the other version's do not (so a wrong tag would show)
+                    worst = max(
+                        abs(trajectory.logprobs[i] - expected[i])
+                        for s in segments
+                        if s.weight_version == tagged
+                        for i in range(s.start, s.end)
+                    )
+                    if tagged == weights:
+                        assert worst <= TOLERANCE, f"{trajectory.task_id}: {worst:.2e} from version {weights}"
+                    else:
+                        assert worst > 10 * TOLERANCE, f"{trajectory.task_id}: version {weights} fits too"
+                        discriminated += 1
+    assert spanned >= 2 and sent_during_push, (spanned, sent_during_push)
+    assert discriminated >= 8  # every trajectory, against the version it does not record, at least
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["async/versions_spanned_max"] for r in train] == [1.0, 2.0]
+    assert [r["async/dropped_groups"] for r in train] == [0.0, 0.0]
+    assert train[-1]["async/groups_left_over"] == 0.0
+
+
+def load_adapters(model: Any, values: dict[str, Any]) -> None:
+    """Set the weights that train to ``values`` (:func:`adapters`' copy)."""
+    for name, parameter in model.named_parameters():
+        if name in values:
+            parameter.copy_(values[name])
 
 
 def test_training_against_two_servers_keeps_each_rollout_on_one_server(server, model_dir, tmp_path):

@@ -12,7 +12,7 @@ from conftest import run
 from agentboost.engines.scripted import ScriptedEngine
 from agentboost.envs.arithmetic import ArithmeticEnvironment
 from agentboost.errors import ConfigError, EngineError, UserPathError
-from agentboost.rollout.results import ResultStore, read_header, read_results
+from agentboost.rollout.results import ResultStore, drop_results, read_header, read_results
 from agentboost.rollout.runner import RunConfig, in_process, iter_jobs, plan_jobs, plan_keys, run_jobs
 from agentboost.tokens.trajectory import TerminationReason
 
@@ -224,3 +224,24 @@ def test_run_config_rejects_counts_that_would_hang_or_do_nothing():
 def test_an_unreadable_results_file_is_one_error(tmp_path):
     with pytest.raises(UserPathError, match=r"cannot read .*missing.jsonl: No such file"):
         list(read_results(tmp_path / "missing.jsonl"))
+
+
+def test_dropping_results_rewrites_the_file_without_them_and_resumes_the_rest(qwen_tokenizer, say, tmp_path):
+    path = tmp_path / "r.jsonl"
+    fill(path, qwen_tokenizer, say)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines) + b'{"task_id": "torn')  # a killed writer's last line
+    assert drop_results(path, lambda result: result.sample == 1) == 3
+    kept = path.read_bytes().splitlines(keepends=True)
+    assert kept == [lines[0], *(line for line in lines[1:] if b'"sample": 0' in line)]  # bytes as they were
+    assert drop_results(path, lambda result: False) == 0 and path.read_bytes() == b"".join(kept)
+    engine = ScriptedEngine([say("Answer: 7")], cycle=True)
+    fill(path, qwen_tokenizer, say, engine=engine)  # the dropped ones are run again, the rest resumed
+    assert engine.calls == 3 and sorted((r.task_id, r.sample) for r in read_results(path)) == sorted(
+        (task.id, sample) for task in ArithmeticEnvironment().tasks(3) for sample in (0, 1)
+    )
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not results\n")
+    with pytest.raises(ConfigError, match="not an agentboost results file"):
+        drop_results(notes, lambda result: True)
+    assert notes.read_text() == "not results\n"

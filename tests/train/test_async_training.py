@@ -258,34 +258,77 @@ def test_a_group_over_the_bound_is_dropped_whole_and_counted_never_trained(
 
 
 class KilledAtStep(ScriptedTrainer):
-    """Dies once step ``kill_at``'s metrics are logged, before its checkpoint (as SIGKILL would)."""
+    """Dies once step ``kill_at``'s metrics are logged, before its checkpoint (as SIGKILL would), when
+    the next step's collection, started ahead, has ended."""
 
     kill_at = 1
 
+    def update(self, samples, step):
+        if step == self.kill_at:  # a group of the next step, started ahead, has ended on this step's weights
+            deadline = time.monotonic() + 60
+            while not self._async._collections[step + 1].announced:
+                assert time.monotonic() < deadline, "no group of the next step ended"
+                time.sleep(0.01)
+        return super().update(samples, step)
+
     def finished_step(self, step, metrics):
         if step == self.kill_at:
+            self._async._collections[step + 1].future.result(timeout=60)
             raise SimulatedKill()
 
 
-def test_an_interrupted_async_run_resumes_and_collects_again_what_it_had_collected_ahead(
+def collected(run_dir, steps):
+    """``(step, task, sample) -> (token ids, logprobs, versions)`` of the run's rollout files."""
+    return {
+        (step, r.task_id, r.sample): (
+            r.trajectory.token_ids,
+            r.trajectory.logprobs,
+            r.trajectory.weight_versions,
+        )
+        for step in steps
+        for r in read_results(run_dir / "rollouts" / f"step_{step:06d}.jsonl")
+    }
+
+
+def test_an_interrupted_async_run_resumes_keeping_what_it_collected_ahead_on_weights_it_still_has(
     toy_model, scripted_engine, tmp_path
 ):
     make, _ = scripted_engine
-    killed, _ = scripted_run(toy_model, tmp_path / "run", make(), checkpoint={"every": 1})
+    killed, environment = scripted_run(toy_model, tmp_path / "run", make(), checkpoint={"every": 1})
     killed.__class__ = KilledAtStep
+    # one group of step 2 (collected ahead from step 1 on) answers after update 1, on weights the
+    # checkpoint of step 1 will not have; the other group ends on version 1, the checkpoint's
+    late = killed.tasks_for_step(2)[0].id
+    collector = killed._async
+    environment.until = lambda episode: (lambda: collector.version >= 2) if episode.task.id == late else None
     with pytest.raises(SimulatedKill):
         killed.train()
     assert [path.name for path in killed.checkpoints()] == ["step_000001"]
+    before = collected(tmp_path / "run", (1, 2))
+    assert len(before) == 8
+    lost = {key for key, (_, _, versions) in before.items() if max(versions) > 1}
+    assert {key[1] for key in lost} == {late} and len(lost) == 2
 
-    resumed, _ = scripted_run(toy_model, tmp_path / "run", make(), checkpoint={"every": 1})
+    engine = make()
+    resumed, _ = scripted_run(toy_model, tmp_path / "run", engine, checkpoint={"every": 1})
     summary = resumed.train()
     assert summary.steps == 3 and summary.resumed_from == 1
     assert [step for step, _, _ in resumed.trained] == [1, 2]
     check_bound_and_whole_groups(resumed)
-    # what the killed run had collected ahead (partly on weights the checkpoint lacks) was collected
-    # again, on the checkpoint's weights or later
-    for _, _, results in resumed.trained:
-        assert all(result.trajectory.weight_versions[0] >= 1 for result in results)
+    after = collected(tmp_path / "run", (1, 2))
+    # what was collected ahead on the checkpoint's weights or older is reused as it was, not collected
+    # again; the rollouts with a token of the lost version 2 were collected again (two turns each)
+    for key, rollout in before.items():
+        if key not in lost:
+            assert after[key] == rollout, key
+    assert engine.calls == 2 * len(lost)
+    assert all(max(after[key][2]) <= 2 and after[key][2][0] >= 1 for key in lost)
+    trained = {
+        (origin, r.task_id, r.sample)
+        for _, keys, results in resumed.trained
+        for (origin, _), r in zip(keys, results, strict=True)
+    }
+    assert trained == set(after)  # every rollout of steps 1 and 2 trained, the reused ones included
 
 
 def test_the_settings_say_what_is_wrong_and_stale_data_gets_a_clipped_correction(tmp_path):
