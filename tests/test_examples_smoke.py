@@ -1,7 +1,7 @@
 """`SMOKE=1 bash examples/X/train.sh` runs every stage at a smoke size, under runs/smoke/: checked by
 running each script with `agentboost` and `python` replaced by stubs that record their arguments, then
 loading every training command's config with its overrides (an unknown key fails). The smoke runs
-themselves are not run here (minutes each); see docs/training.md for their cost."""
+themselves run in tests/test_readme.py (minutes each; their cost in docs/training.md)."""
 
 from __future__ import annotations
 

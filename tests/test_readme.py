@@ -11,7 +11,6 @@ rollouts (their own tests cover them), the full-size trainers and the vLLM serve
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from verl_support import verl_python, with_verl_first_on_path
 
 from agentboost.rollout.results import read_results
 
@@ -32,13 +32,9 @@ SMALL = {"-n": "1", "--samples": "2"}
 """What each count is cut to."""
 SHORT = ["--max-turns", "2", "--max-new-tokens", "24"]
 """Added to every rollout and eval: a few tokens per turn are enough to check the plumbing."""
-VERL_PYTHON = os.environ.get("AGENTBOOST_VERL_PYTHON")
-"""The python of veRL's own virtual environment (the README's `.venv-verl`), where CI keeps veRL."""
 EXAMPLES = ("math", "deepcoder", "tau2", "gateway", "mcp")
-SMOKES = os.environ.get("AGENTBOOST_LONG_TESTS") == "1"
-"""The five smokes add 5.6 minutes on 2 idle cores (math 95 s, deepcoder 55 s, tau2 95 s, gateway 33 s,
-MCP 61 s; 2026-11-28, load 1.3-1.5): run with AGENTBOOST_LONG_TESTS=1, not yet in CI."""
-"""The examples whose quick start is a `SMOKE=1 bash examples/X/train.sh` line."""
+"""The examples whose quick start is a `SMOKE=1 bash examples/X/train.sh` line (5.6 minutes for the five on
+2 idle cores: math 95 s, deepcoder 55 s, tau2 95 s, gateway 33 s, MCP 61 s; 2026-11-28, load 1.3-1.5)."""
 
 
 def readme_commands() -> list[list[str]]:
@@ -75,7 +71,7 @@ def sized_down(words: list[str]) -> list[str]:
     return out
 
 
-def run(words: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
+def run(words: list[str], cwd: Path, home: Path, verl: str | None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HOME": str(home)}
     # HOME is a fresh folder (to see what the commands write there); the caches stay where they are
     env["AGENTBOOST_HOME"] = os.environ.get("AGENTBOOST_HOME", str(Path.home() / ".cache" / "agentboost"))
@@ -86,8 +82,8 @@ def run(words: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
         command = ["bash", "-c", shlex.join(words).replace("'&&'", "&&")]
     elif words[0] == "DRY_RUN=1":
         env.update(DRY_RUN="1", TRAIN_TASKS="8", VAL_TASKS="4")
-        if VERL_PYTHON:  # the README runs this line in veRL's own virtual environment (activated)
-            env["PATH"] = f"{Path(VERL_PYTHON).parent}{os.pathsep}{env['PATH']}"
+        if verl:  # the README runs this line in veRL's own virtual environment (activated)
+            env = with_verl_first_on_path(env, verl)
         command = ["bash", str(ROOT / words[2]), *words[3:]]
     else:
         command = [sys.executable, "-m", "agentboost.cli", *words[1:]]
@@ -145,7 +141,7 @@ def test_no_two_readme_commands_write_the_same_file():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # ten model-loading commands and five smoke runs: ~10 min on 2 idle cores
+@pytest.mark.timeout(3600)  # ten model-loading commands and five smokes: 6.5 min at load 0.4-4 (2026-11-28)
 def test_the_quick_starts_run_in_the_order_written(tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     home.mkdir()
@@ -156,9 +152,8 @@ def test_the_quick_starts_run_in_the_order_written(tmp_path):
     (work / "my_package" / "envs.py").write_text(code)
     # their own quick starts need more than a CPU minute or a separate server (tested elsewhere)
     skipped = ("--env coding", "--env tau2", "serve-vllm", "--engine vllm")
-    if not SMOKES:
-        skipped += ("SMOKE=1",)
-    if not VERL_PYTHON and importlib.util.find_spec("verl") is None:  # veRL lives in its own venv
+    verl = verl_python()  # veRL lives in its own virtual environment
+    if verl is None:
         skipped += ("train_verl.sh",)
     for words in readme_commands():
         if any(part in " ".join(words) for part in skipped):
@@ -166,7 +161,7 @@ def test_the_quick_starts_run_in_the_order_written(tmp_path):
         command = sized_down(words)
         before = {config.parent for config in (work / "runs" / "smoke").glob("*/config.json")}
         started = time.monotonic()
-        done = run(command, work, home)
+        done = run(command, work, home, verl)
         print(f"{time.monotonic() - started:6.1f} s  {' '.join(command)}")
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-3000:])
         assert "Traceback" not in done.stderr, done.stderr[-3000:]

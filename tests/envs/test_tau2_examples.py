@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from verl_support import NO_VERL, verl_python, with_verl_first_on_path
 
 from agentboost.envs.task import Task
 from agentboost.envs.tau2.environment import Tau2Environment
@@ -64,6 +65,11 @@ def test_prepare_data_refuses_overlapping_splits_unless_asked(tmp_path):
 @pytest.mark.parametrize("script", ["train.sh", "train_verl.sh"])
 def test_training_scripts_dry_run(tmp_path, script):
     environ = {**os.environ, "DRY_RUN": "1", "DATA_ROOT": str(tmp_path), "DOMAIN": "retail"}
+    if script == "train_verl.sh":  # its dry run composes veRL's config: in veRL's own environment
+        verl = verl_python()
+        if verl is None:
+            pytest.skip(NO_VERL)
+        environ = with_verl_first_on_path({**environ, "PYTHONPATH": str(ROOT)}, verl)
     done = subprocess.run(
         ["bash", f"examples/tau2/{script}"], cwd=ROOT, env=environ, capture_output=True, text=True
     )
