@@ -131,3 +131,84 @@ def test_smolagents_tool_calling_agent_stops_on_its_strings_and_forks_per_turn(q
     assert rows[1].segments[-1].finish_reason == "stop_string"
     for prompt, row in zip(engine.prompts, rows, strict=True):
         assert row.token_ids[: len(prompt)] == prompt and sum(row.loss_mask[: len(prompt)]) == 0
+
+
+def test_langchain_chat_openai_tool_loop_is_one_exact_row(qwen_tokenizer, say):
+    """LangChain's ``ChatOpenAI`` with ``bind_tools``, in the tool loop its docs show (call, run the
+    tools, send ``ToolMessage`` results back), over Chat Completions."""
+    pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    tools = {"add": add, "multiply": multiply}
+
+    async def agent(base_url):
+        model = ChatOpenAI(model="policy", base_url=base_url, api_key="-", max_retries=0)
+        bound = model.bind_tools(list(tools.values()))
+        messages = [HumanMessage(QUESTION)]
+        for _ in range(5):
+            reply = await bound.ainvoke(messages)
+            messages.append(reply)
+            if not reply.tool_calls:
+                return reply.content
+            for call in reply.tool_calls:
+                result = await tools[call["name"]].ainvoke(call["args"])
+                messages.append(ToolMessage(str(result), tool_call_id=call["id"]))
+        raise AssertionError("the loop did not end")
+
+    script = [*CALLS, "Answer: 84"]
+    engine, go = serve_agent(say, script, agent)
+    answer, trajectory = run(go(qwen_tokenizer))
+    assert answer == "Answer: 84"
+    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []  # one row
+    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
+    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
+        assert later[: len(earlier)] == earlier
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses"])
+def test_pydantic_ai_agent_is_one_exact_row(qwen_tokenizer, say, wire):
+    """pydantic-ai's ``Agent`` with plain-function tools, on its OpenAI chat model (its default for
+    OpenAI-compatible servers) and on its Responses model."""
+    pytest.importorskip("pydantic_ai")
+    import openai
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    async def agent(base_url):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+        model_class = OpenAIChatModel if wire == "chat" else OpenAIResponsesModel
+        model = model_class("policy", provider=OpenAIProvider(openai_client=client))
+        calculator = Agent(model, instructions="You are a calculator.", tools=[add, multiply])
+        result = await calculator.run(QUESTION)
+        await client.close()
+        return result.output
+
+    script = [*CALLS, "Answer: 84"]
+    engine, go = serve_agent(say, script, agent)
+    answer, trajectory = run(go(qwen_tokenizer))
+    assert answer == "Answer: 84"
+    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []  # one row
+    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
+    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
+        assert later[: len(earlier)] == earlier
