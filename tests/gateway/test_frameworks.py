@@ -41,6 +41,15 @@ def generated_ids(row):
     return [token for token, bit in zip(row.token_ids, row.loss_mask, strict=True) if bit]
 
 
+def assert_one_exact_row(engine, trajectory, script, say):
+    """The session is one row (no drift), its generated ids are the script's, and every prompt the
+    engine got extends the one before: the ids as generated, never re-rendered."""
+    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []
+    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
+    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
+        assert later[: len(earlier)] == earlier
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_openai_agents_sdk_default_model_is_one_exact_row(qwen_tokenizer, say, streamed):
     agents = pytest.importorskip("agents")
@@ -78,10 +87,7 @@ def test_openai_agents_sdk_default_model_is_one_exact_row(qwen_tokenizer, say, s
     engine, go = serve_agent(say, script, agent)
     answer, trajectory = run(go(qwen_tokenizer))
     assert answer == "Answer: 84"
-    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []  # one row
-    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
-    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
-        assert later[: len(earlier)] == earlier  # every prompt extends the last: the ids as generated
+    assert_one_exact_row(engine, trajectory, script, say)
 
 
 def test_smolagents_tool_calling_agent_stops_on_its_strings_and_forks_per_turn(qwen_tokenizer, say):
@@ -171,10 +177,7 @@ def test_langchain_chat_openai_tool_loop_is_one_exact_row(qwen_tokenizer, say):
     engine, go = serve_agent(say, script, agent)
     answer, trajectory = run(go(qwen_tokenizer))
     assert answer == "Answer: 84"
-    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []  # one row
-    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
-    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
-        assert later[: len(earlier)] == earlier
+    assert_one_exact_row(engine, trajectory, script, say)
 
 
 @pytest.mark.parametrize("wire", ["chat", "responses"])
@@ -208,7 +211,4 @@ def test_pydantic_ai_agent_is_one_exact_row(qwen_tokenizer, say, wire):
     engine, go = serve_agent(say, script, agent)
     answer, trajectory = run(go(qwen_tokenizer))
     assert answer == "Answer: 84"
-    assert trajectory.forked_rows == [] and trajectory.info["gateway"]["drift"] == []  # one row
-    assert generated_ids(trajectory) == [token for text in script for token in say(text)]
-    for earlier, later in zip(engine.prompts, [*engine.prompts[1:], trajectory.token_ids], strict=True):
-        assert later[: len(earlier)] == earlier
+    assert_one_exact_row(engine, trajectory, script, say)
