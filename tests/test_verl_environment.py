@@ -68,6 +68,8 @@ def test_verls_tests_pass_in_its_own_environment(request):
     )
     output = done.stdout + done.stderr
     passed = done.returncode == 0 or (selection and done.returncode == NO_TESTS_SELECTED)
-    assert passed, f"veRL's tests failed in {python} (exit {done.returncode}):\n{output[-8000:]}"
+    failures = output[output.find("= FAILURES =") :][:6000] if "= FAILURES =" in output else ""
+    failed = f"veRL's tests failed in {python} (exit {done.returncode}):"
+    assert passed, f"{failed}\n{failures}\n...\n{output[-3000:]}"
     assert "could not import 'verl'" not in output, output[-8000:]
     print(output.strip().splitlines()[-1])  # veRL's own count, in this run's log with -s

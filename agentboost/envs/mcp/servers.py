@@ -23,11 +23,12 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TextIO
 
 from strands.tools.mcp import MCPClient
 from strands.tools.mcp.mcp_agent_tool import MCPAgentTool
@@ -165,8 +166,33 @@ class ServerSpec:
             cwd=fill(self.cwd) if self.cwd is not None else None,
         )
         return _RecordingClient(
-            lambda: stdio_client(parameters), startup_timeout=self.startup_timeout_s, meta=meta
+            lambda: stdio_client(parameters, errlog=_server_errlog()),
+            startup_timeout=self.startup_timeout_s,
+            meta=meta,
         )
+
+
+def _server_errlog() -> TextIO:
+    """Where a stdio server's stderr goes: this process's stderr as it is now, if it is a real file.
+
+    The mcp SDK's default is the ``sys.stderr`` of the moment ``mcp.client.stdio`` was imported; imported
+    while pytest's ``capsys`` (or a notebook) had replaced it by a stream with no file descriptor, every
+    server start failed with ``UnsupportedOperation: fileno``. Such a stream cannot take a child's output,
+    so the process's original stderr does, or nothing.
+    """
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            continue
+    global _DEVNULL
+    if _DEVNULL is None:
+        _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - kept open for every later server
+    return _DEVNULL
+
+
+_DEVNULL: TextIO | None = None
 
 
 def _inherited_environment() -> dict[str, str]:

@@ -256,3 +256,20 @@ def test_a_failed_reset_tool_is_env_error_and_releases_the_server(say, qwen_toke
     while descendants() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert descendants() - before == set()
+
+
+def test_a_stdio_server_starts_when_this_process_stderr_is_not_a_file(say, qwen_tokenizer, monkeypatch):
+    """Under pytest's capsys or in a notebook sys.stderr is a stream with no file descriptor; the mcp
+    SDK's default errlog (bound when it was imported) then failed every server start with
+    ``UnsupportedOperation: fileno`` (found by the veRL cluster test, after a capsys test)."""
+    import io
+
+    import mcp.client.stdio
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    # the SDK's default, as it is when mcp.client.stdio was first imported under such a stream
+    monkeypatch.setattr(mcp.client.stdio.stdio_client.__wrapped__, "__defaults__", (io.StringIO(),))
+    env = environment(stdio(FAULT_SERVER))
+    result = rollout(env, say, qwen_tokenizer, [call("add", a=12, b=30), "Answer: 42"])
+    assert result.termination is TerminationReason.COMPLETED, result.trajectory.termination_detail
+    assert [message["content"] for message in tool_messages(result)] == ["42"]
