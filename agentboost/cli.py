@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import importlib
 import json
@@ -52,7 +51,9 @@ async def _rollouts(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    return asyncio.run(_rollouts(args))
+    from agentboost.interrupts import run_coroutine
+
+    return run_coroutine(_rollouts(args))
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

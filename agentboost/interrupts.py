@@ -16,12 +16,17 @@ exit 134). :func:`install` makes it:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MESSAGE = "agentboost: interrupted"
 GRACE_S = 10.0
@@ -92,3 +97,46 @@ def uninstall() -> None:
     signal.set_wakeup_fd(-1)
     kept[1].close()  # the watchdog reads the end of its stream and returns
     install.keep = None  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold a Ctrl-C that lands inside this block until the block ends, then raise it.
+
+    For steps that a KeyboardInterrupt half-way leaves broken: an event loop interrupted in its
+    constructor has no self-pipe, and its finaliser then prints a traceback ("Exception ignored in
+    BaseEventLoop.__del__") as the command unwinds. A second Ctrl-C while one is held still exits at
+    once when :func:`install` took Ctrl-C over. Outside the main thread (no signal arrives there) it
+    does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if previous is _on_sigint and _pressed.is_set():
+            exit_now()  # the second Ctrl-C
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        if callable(previous):
+            previous(signal.SIGINT, None)  # ours or Python's: raises KeyboardInterrupt
+        raise KeyboardInterrupt
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.new_event_loop()``, whole even when Ctrl-C is pressed while it is built."""
+    with held():
+        return asyncio.new_event_loop()
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coroutine)`` on a loop from :func:`new_event_loop`."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coroutine)

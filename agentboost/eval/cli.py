@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys
 from pathlib import Path
 
 from agentboost.cli_args import finite_float
+from agentboost.interrupts import run_coroutine
 from agentboost.io_safety import add_force_argument, claim_output, refuse_special_file
 from agentboost.rollout.spec import RunSpec, add_run_options
 
@@ -72,7 +72,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         first, second = (load_report(path) for path in args.compare)
         print(compare_text(first, second, (Path(args.compare[0]).stem, Path(args.compare[1]).stem)))
         return 0
-    return asyncio.run(_evaluate(args))
+    return run_coroutine(_evaluate(args))
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:

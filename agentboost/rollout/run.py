@@ -13,7 +13,6 @@ the results file does not hold yet, resuming it.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentboost import interrupts
 from agentboost.errors import ConfigError
 from agentboost.rollout.spec import RAY, RunSpec
 
@@ -238,4 +238,4 @@ async def run_rollouts_async(
 
 def run_rollouts(spec: RunSpec, out: str | os.PathLike[str], **options: Any) -> Any:
     """:func:`run_rollouts_async` from synchronous code (it starts and ends its own event loop)."""
-    return asyncio.run(run_rollouts_async(spec, out, **options))
+    return interrupts.run_coroutine(run_rollouts_async(spec, out, **options))

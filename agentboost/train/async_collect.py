@@ -35,6 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agentboost import interrupts
 from agentboost.engines.base import Engine, Generation, RolloutKey, RolloutView, SamplingParams
 from agentboost.memory import peak_resident_bytes, resident_bytes
 
@@ -52,7 +53,7 @@ class LoopThread:
     it, and with it the engine's connections."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = interrupts.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="agentboost-rollouts", daemon=True)
         self._thread.start()
         self._pending: set[concurrent.futures.Future[Any]] = set()

@@ -8,12 +8,12 @@ resumed step compares.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentboost import interrupts
 from agentboost.envs.base import Environment, Outcome, RolloutResult
 from agentboost.errors import SettingsChangedError, TooManyFailuresError
 from agentboost.rollout.outcomes import reward_summary
@@ -150,7 +150,7 @@ def collect_rollouts(
     path: Path,
     *,
     on_result: Callable[[RolloutResult], None],
-    run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+    run: Callable[[Coroutine[Any, Any, Any]], Any] = interrupts.run_coroutine,
     precision: Precision | None = None,
 ) -> list[RolloutResult]:
     """Run ``tasks x spec.samples`` rollouts through the runner as ``spec`` says, resuming ``path``;

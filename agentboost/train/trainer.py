@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from agentboost import interrupts
 from agentboost.engines.base import TrainableEngine, check_engine
 from agentboost.envs.base import Environment, RolloutResult
 from agentboost.errors import ConfigError
@@ -142,7 +143,8 @@ class Trainer(TrainingLoop):
         self.checkpointer = Checkpoints(self.run_dir, keep=config.checkpoint.keep)
         self.engine: TrainableEngine = check_engine(self._make_engine(), TrainableEngine)
         self._weights_changed = True  # the engine may hold other weights than the trainer's start
-        self._rollout_loop: Any = asyncio.Runner()  # every collection's event loop: the engine's connections
+        # every collection's event loop (the engine's connections), whole whenever Ctrl-C comes
+        self._rollout_loop: Any = asyncio.Runner(loop_factory=interrupts.new_event_loop)
         self._async: AsyncCollector | None = None
         if config.rollout.is_async:  # rollouts run ahead of the updates, in a loop of their own thread
             self._async = AsyncCollector(self)
