@@ -406,10 +406,17 @@ class EvenFirstToken(Environment):
 
 
 def vllm_train_config(
-    model_dir: str, url: str, output_dir: Path, *, lora: bool = True, lr: float = 1e-2, **rollout: Any
+    model_dir: str,
+    url: str,
+    output_dir: Path,
+    *,
+    lora: bool = True,
+    lr: float = 1e-2,
+    steps: int = 2,
+    **rollout: Any,
 ) -> Any:
-    """Two steps of training against the server (LoRA by default: the adapters are all a version needs
-    to keep); ``rollout``: more rollout settings."""
+    """``steps`` steps of training against the server (LoRA by default: the adapters are all a version
+    needs to keep); ``rollout``: more rollout settings."""
     from agentboost.train.config import config_from_dict
 
     return config_from_dict(
@@ -422,7 +429,7 @@ def vllm_train_config(
             "eval": {"every": 0},
             "checkpoint": {"every": 0, "save_final_model": False},
             "logging": {"progress": False},
-            "steps": 2,
+            "steps": steps,
             "seed": 0,
             "output_dir": str(output_dir),
         }
@@ -642,23 +649,32 @@ def load_adapters(model: Any, values: dict[str, Any]) -> None:
             parameter.copy_(values[name])
 
 
-def test_training_against_two_servers_keeps_each_rollout_on_one_server(server, model_dir, tmp_path):
-    """A second real server beside the module's, each behind a recording front: every turn of a
-    rollout goes to the server of its first turn, and both servers serve. One step, so the one push
-    (before it) loads the base weights again: the module's server is left as it was."""
+@pytest.fixture(scope="module")
+def second_server(server, model_dir, tmp_path_factory):
+    """A second real server beside the module's (started after it, for the tests that use two)."""
+    log = tmp_path_factory.mktemp("vllm-second") / "server.log"
+    launched = VLLMServer(
+        VLLMServerConfig(
+            model=model_dir, python=vllm_python(), weight_sync=True, ready_timeout_s=900, log_path=str(log)
+        )
+    )
+    with launched:
+        yield launched
+
+
+def test_training_against_two_servers_keeps_each_rollout_on_one_server(
+    server, second_server, model_dir, tmp_path
+):
+    """Two real servers, each behind a recording front: every turn of a rollout goes to the server of
+    its first turn, and both servers serve. One step, so the one push (before it) loads the base
+    weights again: the servers are left as they were."""
     from vllm_front import Chatty, LoopThread, VLLMFront, requests_per_rollout
 
     from agentboost.train.config import config_from_dict
     from agentboost.train.trainer import Trainer
 
-    log = tmp_path / "second.log"
-    second = VLLMServer(
-        VLLMServerConfig(
-            model=model_dir, python=vllm_python(), weight_sync=True, ready_timeout_s=900, log_path=str(log)
-        )
-    )
-    with second, LoopThread() as loop:
-        fronts = [loop.call(VLLMFront(backend.url).start()) for backend in (server, second)]
+    with LoopThread() as loop:
+        fronts = [loop.call(VLLMFront(backend.url).start()) for backend in (server, second_server)]
         try:
             config = config_from_dict(
                 {
@@ -689,6 +705,90 @@ def test_training_against_two_servers_keeps_each_rollout_on_one_server(server, m
         assert len(servers) == 1, f"rollout {rollout} went to {servers}"
     assert {url for servers in counts.values() for url in servers} == {front.url for front in fronts}
     assert max(sum(servers.values()) for servers in counts.values()) >= 2  # some rollout had several turns
+
+
+def test_async_training_against_two_servers_gives_every_token_the_weights_it_records(
+    server, second_server, model_dir, teacher, tmp_path
+):
+    """``max_staleness: 1`` against two real servers behind recording fronts, three steps: no rollout
+    is lost or fails, each stays on one server, and every token's logprob, on whichever server made it,
+    is that of the weights of the version it records (within the server's exactness). So each push
+    reached both servers before either served the new version, and both served updated weights."""
+    import torch
+    from vllm_front import Chatty, LoopThread, VLLMFront, requests_per_rollout
+
+    from agentboost.engines.remote.weight_sync import WeightSync
+    from agentboost.rollout.results import read_results
+    from agentboost.train.logging import read_metrics
+    from agentboost.train.trainer import Trainer
+
+    class Recorded(Trainer):
+        """Keeps the adapters of every version it serves."""
+
+        def update(self, samples: Any, step: int) -> dict[str, float]:
+            metrics = super().update(samples, step)
+            versions[step + 1] = adapters(self.model)
+            return metrics
+
+    versions: dict[int, dict[str, Any]] = {}
+    with LoopThread() as loop:
+        fronts = [loop.call(VLLMFront(backend.url).start()) for backend in (server, second_server)]
+        try:
+            config = vllm_train_config(
+                model_dir,
+                ",".join(front.url for front in fronts),
+                tmp_path / "run",
+                group_size=2,
+                max_staleness=1,
+                temperature=0.7,
+                concurrency=4,
+                steps=3,
+            )
+            trainer = Recorded(config, environment=Chatty(user_turns=1, max_new_tokens=48))
+            versions[0] = adapters(trainer.model)
+            trainer.train()
+        finally:
+            for front in fronts:
+                loop.call(front.close())
+            for backend in (server, second_server):  # the module's servers: base weights again
+                WeightSync(backend.url, tmp_path / "base").push(teacher[0])
+
+    policy = trainer.model.eval()
+    served: dict[str, set[int]] = {front.url: set() for front in fronts}
+    for step in range(3):
+        step_file = tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"
+        results = list(read_results(step_file))
+        assert len(results) == 4  # none lost
+        where = requests_per_rollout(step_file, fronts)
+        for result in results:
+            trajectory = result.trajectory
+            assert not result.failed, trajectory.termination_detail
+            servers = where[(result.task_id, result.sample)]
+            assert len(servers) == 1, f"{result.task_id}/{result.sample} went to {servers}"
+            segments = [s for s in trajectory.segments if s.role == "assistant"]
+            for tagged in sorted({s.weight_version for s in segments}):
+                assert tagged <= step  # nothing from weights newer than the step it trains in
+                # the version it records fits its tokens; the version before, which a server the push
+                # missed would still serve, does not
+                for weights in sorted({tagged, max(tagged - 1, 0)}, reverse=True):
+                    with torch.no_grad():
+                        load_adapters(policy, versions[weights])
+                        expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
+                    worst = max(
+                        abs(trajectory.logprobs[i] - expected[i])
+                        for s in segments
+                        if s.weight_version == tagged
+                        for i in range(s.start, s.end)
+                    )
+                    if weights == tagged:
+                        assert worst <= TOLERANCE, f"{trajectory.task_id}: {worst:.2e} from version {tagged}"
+                    else:
+                        assert worst > 10 * TOLERANCE, f"{trajectory.task_id}: version {weights} fits too"
+                        served[next(iter(servers))].add(tagged)
+    assert all(served.values()), served  # both servers served updated weights, told apart from the old
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["async/dropped_groups"] for r in train] == [0.0, 0.0, 0.0]
+    assert train[-1]["async/groups_left_over"] == 0.0
 
 
 def test_a_server_shut_down_mid_request_ends_it_within_the_bound_with_one_line(server):
