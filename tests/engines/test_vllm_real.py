@@ -555,30 +555,18 @@ def test_async_training_on_the_server_tags_every_token_with_the_weights_that_mad
     request waits at the barrier): none is lost, each continues on version 1 with its first turn kept,
     and every segment's logprobs are those of the weights of the version it records (within the
     server's exactness), not those of the other version."""
-    import torch
 
     from agentboost.engines.remote.weight_sync import WeightSync
     from agentboost.rollout.results import read_results
     from agentboost.train.logging import read_metrics
-    from agentboost.train.trainer import Trainer
 
-    class Recorded(Trainer):
-        """Keeps the adapters of every version it serves."""
-
-        def update(self, samples: Any, step: int) -> dict[str, float]:
-            metrics = super().update(samples, step)
-            versions[step + 1] = adapters(self.model)
-            return metrics
-
-    versions: dict[int, dict[str, Any]] = {}
     environment = WaitsBetweenTurns()
-    trainer = Recorded(
+    trainer, versions = recording_trainer(
         vllm_train_config(
             model_dir, server.url, tmp_path / "run", group_size=2, max_staleness=1, temperature=0.7
         ),
-        environment=environment,
+        environment,
     )
-    versions[0] = adapters(trainer.model)
     collector = trainer._async
     assert collector is not None
     origin = {task.id: step for step in range(2) for task in trainer.tasks_for_step(step)}
@@ -617,29 +605,57 @@ def test_async_training_on_the_server_tags_every_token_with_the_weights_that_mad
             assert [s.weight_version for s in segments] == [0, step][: len(segments)]
             spanned += len(trajectory.weight_versions) == 2
             for weights in (0, 1):
-                with torch.no_grad():
-                    load_adapters(policy, versions[weights])
-                    expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
                 for tagged in {s.weight_version for s in segments}:
-                    # the tokens tagged with one version: that version's weights give their logprobs,
-                    # the other version's do not (so a wrong tag would show)
-                    worst = max(
-                        abs(trajectory.logprobs[i] - expected[i])
-                        for s in segments
-                        if s.weight_version == tagged
-                        for i in range(s.start, s.end)
-                    )
-                    if tagged == weights:
-                        assert worst <= TOLERANCE, f"{trajectory.task_id}: {worst:.2e} from version {weights}"
-                    else:
-                        assert worst > 10 * TOLERANCE, f"{trajectory.task_id}: version {weights} fits too"
-                        discriminated += 1
+                    discriminated += check_version(policy, versions, trajectory, tagged, weights)
     assert spanned >= 2 and sent_during_push, (spanned, sent_during_push)
     assert discriminated >= 8  # every trajectory, against the version it does not record, at least
     train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["async/versions_spanned_max"] for r in train] == [1.0, 2.0]
     assert [r["async/dropped_groups"] for r in train] == [0.0, 0.0]
     assert train[-1]["async/groups_left_over"] == 0.0
+
+
+def recording_trainer(config: Any, environment: Any) -> tuple[Any, dict[int, dict[str, Any]]]:
+    """A trainer that keeps the adapters of every version it serves (0: its start, k: after update k-1),
+    and those adapters by version."""
+    from agentboost.train.trainer import Trainer
+
+    versions: dict[int, dict[str, Any]] = {}
+
+    class Recorded(Trainer):
+        def update(self, samples: Any, step: int) -> dict[str, float]:
+            metrics = super().update(samples, step)
+            versions[step + 1] = adapters(self.model)
+            return metrics
+
+    trainer = Recorded(config, environment=environment)
+    versions[0] = adapters(trainer.model)
+    return trainer, versions
+
+
+def check_version(policy: Any, versions: dict[int, Any], trajectory: Any, tagged: int, weights: int) -> bool:
+    """The tokens of ``trajectory`` tagged with version ``tagged``, against a teacher-forced pass of
+    version ``weights`` (``versions``' adapters on ``policy``, T = 0.7): the version they record gives
+    their logprobs (within the server's exactness), another does not (so a wrong tag would show).
+    True when told apart from another version."""
+    import torch
+
+    with torch.no_grad():
+        load_adapters(policy, versions[weights])
+        expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
+    worst = max(
+        abs(trajectory.logprobs[i] - expected[i])
+        for s in trajectory.segments
+        if s.role == "assistant" and s.weight_version == tagged
+        for i in range(s.start, s.end)
+    )
+    if weights == tagged:
+        assert worst <= TOLERANCE, f"{trajectory.task_id}: {worst:.2e} from version {tagged}"
+        return False
+    assert worst > 10 * TOLERANCE, (
+        f"{trajectory.task_id}: version {weights} fits its version {tagged} tokens too"
+    )
+    return True
 
 
 def load_adapters(model: Any, values: dict[str, Any]) -> None:
@@ -714,23 +730,12 @@ def test_async_training_against_two_servers_gives_every_token_the_weights_it_rec
     is lost or fails, each stays on one server, and every token's logprob, on whichever server made it,
     is that of the weights of the version it records (within the server's exactness). So each push
     reached both servers before either served the new version, and both served updated weights."""
-    import torch
     from vllm_front import Chatty, LoopThread, VLLMFront, requests_per_rollout
 
     from agentboost.engines.remote.weight_sync import WeightSync
     from agentboost.rollout.results import read_results
     from agentboost.train.logging import read_metrics
-    from agentboost.train.trainer import Trainer
 
-    class Recorded(Trainer):
-        """Keeps the adapters of every version it serves."""
-
-        def update(self, samples: Any, step: int) -> dict[str, float]:
-            metrics = super().update(samples, step)
-            versions[step + 1] = adapters(self.model)
-            return metrics
-
-    versions: dict[int, dict[str, Any]] = {}
     with LoopThread() as loop:
         fronts = [loop.call(VLLMFront(backend.url).start()) for backend in (server, second_server)]
         try:
@@ -744,8 +749,7 @@ def test_async_training_against_two_servers_gives_every_token_the_weights_it_rec
                 concurrency=4,
                 steps=3,
             )
-            trainer = Recorded(config, environment=Chatty(user_turns=1, max_new_tokens=48))
-            versions[0] = adapters(trainer.model)
+            trainer, versions = recording_trainer(config, Chatty(user_turns=1, max_new_tokens=48))
             trainer.train()
         finally:
             for front in fronts:
@@ -770,20 +774,8 @@ def test_async_training_against_two_servers_gives_every_token_the_weights_it_rec
                 assert tagged <= step  # nothing from weights newer than the step it trains in
                 # the version it records fits its tokens; the version before, which a server the push
                 # missed would still serve, does not
-                for weights in sorted({tagged, max(tagged - 1, 0)}, reverse=True):
-                    with torch.no_grad():
-                        load_adapters(policy, versions[weights])
-                        expected = teacher_logprobs(policy, trajectory.token_ids, 0.7)
-                    worst = max(
-                        abs(trajectory.logprobs[i] - expected[i])
-                        for s in segments
-                        if s.weight_version == tagged
-                        for i in range(s.start, s.end)
-                    )
-                    if weights == tagged:
-                        assert worst <= TOLERANCE, f"{trajectory.task_id}: {worst:.2e} from version {tagged}"
-                    else:
-                        assert worst > 10 * TOLERANCE, f"{trajectory.task_id}: version {weights} fits too"
+                for weights in {tagged, max(tagged - 1, 0)}:
+                    if check_version(policy, versions, trajectory, tagged, weights):
                         served[next(iter(servers))].add(tagged)
     assert all(served.values()), served  # both servers served updated weights, told apart from the old
     train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
