@@ -113,18 +113,19 @@ def held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
 
     def hold(signum: int, frame: Any) -> None:
         if previous is _on_sigint and _pressed.is_set():
             exit_now()  # the second Ctrl-C
         pending.append(signum)
 
-    previous = signal.signal(signal.SIGINT, hold)
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if pending:
+    if pending and previous is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
         if callable(previous):
             previous(signal.SIGINT, None)  # ours or Python's: raises KeyboardInterrupt
         raise KeyboardInterrupt

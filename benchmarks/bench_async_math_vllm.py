@@ -36,7 +36,9 @@ AGENTBOOST = shutil.which("agentboost", path=str(Path(sys.executable).parent)) o
 
 def start_server(python: str, model: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``agentboost serve-vllm --weight-sync``; its URL once it answers."""
-    url_file = Path(tempfile.mkstemp(prefix="vllm-url-")[1])
+    descriptor, name = tempfile.mkstemp(prefix="vllm-url-")
+    os.close(descriptor)
+    url_file = Path(name)
     with url_file.open("wb") as out:
         server = subprocess.Popen(
             [
